@@ -1,0 +1,1 @@
+"""tunefarm's REST service (FastAPI). Not built yet: see the service issue."""

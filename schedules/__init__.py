@@ -1,0 +1,1 @@
+"""Search spaces: the registry maps a workload to its spaces (`schedules.registry`)."""

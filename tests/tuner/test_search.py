@@ -1,0 +1,93 @@
+"""The search loop end to end: real TVM builds, a real sandbox, a real database."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tuner.db import JobState, Store
+from tuner.measure import Invalidity, MeasureOptions
+from tuner.records import best_record
+from tuner.search.loop import Progress, Tuner, TuneRequest
+from tuner.workloads import parse_spec
+from workers.local import LocalMeasurer
+
+TARGET = {"kind": "llvm", "mcpu": "znver4", "num-cores": 2}
+OPTS = MeasureOptions(min_repeat_ms=2, repeats=3, num_threads=2)
+
+pytestmark = pytest.mark.slow
+
+
+def _req(spec: dict[str, Any], trials: int, **kw: Any) -> TuneRequest:
+    return TuneRequest(workload=parse_spec(spec), target=TARGET, trials=trials, batch_size=4,
+                       options=OPTS, **kw)
+
+
+def test_tune_stores_every_trial_and_resumes_without_remeasuring(store: Store) -> None:
+    spec = {"op": "matmul", "shape": [64, 64, 64]}
+    events: list[Progress] = []
+    with LocalMeasurer() as m:
+        tuner = Tuner(store, m, on_progress=events.append)
+        first = tuner.run(_req(spec, 6))
+        assert first.trials_done == 6 and first.measured_now == 6
+        job = store.get_job(first.job_id)
+        assert job is not None and job.state == JobState.SUCCEEDED
+        rows = store.records(job_id=first.job_id)
+        assert len(rows) == 6
+        assert len({r.cand_hash for r in rows}) == 6
+        assert all(r.features for r in rows)
+        ok = [r for r in rows if r.invalidity is Invalidity.OK]
+        assert ok and all(len(r.latencies) == 3 for r in ok)
+        assert first.best_s == min(r.median_s for r in ok)
+        assert [e.done for e in events if e.last is not None] == [1, 2, 3, 4, 5, 6]
+
+        again = tuner.run(_req(spec, 6))  # same command: nothing to measure
+        assert again.job_id == first.job_id and again.measured_now == 0
+        assert store.count_records(job_id=first.job_id) == 6
+
+        more = tuner.run(_req(spec, 10))  # a larger budget extends the same job
+        assert more.job_id == first.job_id and more.measured_now == 4
+        rows = store.records(job_id=first.job_id)
+        assert len(rows) == 10 and len({r.cand_hash for r in rows}) == 10
+
+        fresh = tuner.run(_req(spec, 3, fresh=True))  # a new job never re-measures a candidate
+        assert fresh.job_id != first.job_id
+        all_rows = store.records()
+        assert len({r.cand_hash for r in all_rows}) == len(all_rows) == 13
+
+
+def test_best_record_replays_to_the_measured_kernel(store: Store) -> None:
+    import numpy as np
+
+    from tuner import tvm_api as tv
+
+    spec = {"op": "dense", "shape": [32, 48, 64]}
+    with LocalMeasurer() as m:
+        Tuner(store, m).run(_req(spec, 4))
+    wl = parse_spec(spec)
+    rec = best_record(store, wl, TARGET)
+    assert rec["invalidity"] == "ok" and rec["latency_s"] > 0 and rec["gflops"] > 0
+    sch = tv.apply_trace(wl.mod(), __import__("json").dumps(rec["trace"]))
+    rt = tv.compile_module(sch.mod, tv.make_target(TARGET))
+    inputs = wl.make_inputs(1)
+    dev = tv.tvm.cpu(0)
+    args = [tv.tvm.runtime.tensor(a, dev) for a in inputs]
+    out = tv.tvm.runtime.empty(wl.arg_specs()[-1][1], "float32", dev)
+    rt["main"](*args, out)
+    np.testing.assert_allclose(out.numpy(), wl.reference(inputs)[0], rtol=1e-4, atol=1e-4)
+
+
+def test_cost_model_starts_from_the_targets_history(store: Store) -> None:
+    """A second workload on the same target trains its model on the first one's records."""
+    from tuner.search.costmodel import FEATURE_DIM
+
+    with LocalMeasurer() as m:
+        tuner = Tuner(store, m)
+        s1 = tuner.run(_req({"op": "matmul", "shape": [32, 32, 32]}, 4))
+        tref = store.target_by_key(s1.target_key)
+        assert tref is not None
+        rows = store.training_rows(tref.id)
+        assert len(rows) == 4 and all(len(r[1]) == 4 * FEATURE_DIM for r in rows)
+        model = tuner._cost_model(_req({"op": "matmul", "shape": [48, 48, 48]}, 4), tref)
+        assert model.size == 4

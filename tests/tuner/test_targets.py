@@ -1,0 +1,53 @@
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tuner import tvm_api as tv
+from tuner.errors import TargetError
+
+
+def test_host_is_an_explicit_cpu_with_cores() -> None:
+    d = tv.target_to_dict(tv.make_target("host"))
+    assert d["kind"] == "llvm"
+    assert d["mcpu"] not in ("native", "generic", "")
+    assert d["num-cores"] >= 1
+
+
+def test_canonical_json_is_order_independent() -> None:
+    a = tv.make_target({"kind": "llvm", "mcpu": "znver4", "num-cores": 2})
+    b = tv.make_target(json.dumps({"num-cores": 2, "mcpu": "znver4", "kind": "llvm"}))
+    assert tv.canonical_target_json(a) == tv.canonical_target_json(b)
+
+
+@pytest.mark.parametrize(
+    ("spec", "fragment"),
+    [
+        ('{"kind": "llvm", "mcpu": "znver9"}', "does not know mcpu"),
+        ("llvm -mcpu=znver4", "is not a target"),
+        ("{not json", "not valid JSON"),
+        ('{"kind": "nosuchkind"}', "nosuchkind"),
+        ('{"kind": "llvm", "bogus": 1}', "bogus"),
+        ("[1, 2]", "is not a target"),
+    ],
+)
+def test_bad_targets_are_refused(spec: str, fragment: str) -> None:
+    with pytest.raises(TargetError, match=fragment):
+        tv.make_target(spec)
+
+
+def test_native_means_this_cpu_not_generic() -> None:
+    d = tv.target_to_dict(tv.make_target({"kind": "llvm", "mcpu": "native"}))
+    assert d["mcpu"] == tv.host_target_dict()["mcpu"]
+
+
+def test_avx512_code_for_the_host_target() -> None:
+    A = tv.te.placeholder((1024,), "float32", name="A")
+    B = tv.te.compute((1024,), lambda i: A[i] * 2.0 + 1.0, name="B")
+    sch = tv.Schedule(tv.te.create_prim_func([A, B]))
+    (i,) = sch.get_loops(sch.get_sblock("B"))
+    _, ii = sch.split(i, [None, 16])
+    sch.vectorize(ii)
+    asm = tv.compile_module(sch.mod, tv.make_target("host")).inspect_source("asm")
+    assert "zmm" in asm

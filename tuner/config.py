@@ -1,0 +1,60 @@
+"""Settings from the environment (prefix `TUNEFARM_`), overridable per call (e.g. `--db`)."""
+
+from __future__ import annotations
+
+import os
+from functools import lru_cache
+from pathlib import Path
+
+import platformdirs
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+def default_data_dir() -> Path:
+    return Path(platformdirs.user_data_dir("tunefarm", appauthor=False))
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="TUNEFARM_", extra="ignore")
+
+    data_dir: Path = Field(default_factory=default_data_dir)
+    database_url: str | None = None  # None: sqlite:///<data_dir>/tunefarm.db
+
+    # workload limits (bad specs are rejected before anything is built)
+    max_tensor_elements: int = 1 << 26  # per tensor (256 MiB of fp32)
+    max_ops: float = 1e13  # FLOP (or int-op) count of one workload
+    max_tvmscript_bytes: int = 64 * 1024
+    max_tvmscript_nodes: int = 20_000
+
+    # measurement protocol
+    build_timeout_s: float = 60.0
+    run_timeout_s: float = 30.0
+    min_repeat_ms: float = 40.0
+    repeats: int = 5
+    cache_flush: bool = False
+    num_threads: int | None = None  # None: the target's num-cores (else this machine's cores)
+
+    # search
+    batch_size: int = 16
+    seed: int | None = None
+
+    def resolved_database_url(self) -> str:
+        if self.database_url:
+            return self.database_url
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        return f"sqlite:///{self.data_dir / 'tunefarm.db'}"
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    return Settings()
+
+
+def physical_cores() -> int:
+    try:
+        import psutil
+
+        return psutil.cpu_count(logical=False) or os.cpu_count() or 1
+    except Exception:  # pragma: no cover - psutil is a dependency
+        return os.cpu_count() or 1

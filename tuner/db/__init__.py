@@ -1,0 +1,17 @@
+"""The SQL tuning database (SQLite or PostgreSQL) and its MetaSchedule adapter.
+
+`tuner.db.ms_database.TunefarmDatabase` imports TVM; it is not imported here so that the
+database can be used without paying for `import tvm`.
+"""
+
+from __future__ import annotations
+
+from .models import Base, JobState
+from .rows import JobRow, MeasuredRow, NewRecord, RecordRow, TargetRef, TrainingRow, WorkloadRow
+from .engine import UPGRADE_COMMAND, normalize_url, target_key
+from .store import Store
+
+__all__ = [
+    "Base", "JobState", "Store", "NewRecord", "RecordRow", "JobRow", "TargetRef", "WorkloadRow",
+    "MeasuredRow", "TrainingRow", "UPGRADE_COMMAND", "normalize_url", "target_key",
+]

@@ -1,0 +1,211 @@
+"""`TunefarmDatabase`: a MetaSchedule database backed by the tunefarm SQL `Store`.
+
+It lets `ms.tir_integration.compile_tir(db, mod, target)`, `ms.tune_tir(..., database=db)` and
+`relax.transform.MetaScheduleApplyDatabase` work against SQLite / PostgreSQL, and unlike the
+built-in databases it answers queries per target: MetaSchedule's default `query_tuning_record`
+returns the best record of the workload for whatever target it was measured on.
+
+Workloads are matched by structural hash, then `structural_equal` against the stored IRModule
+(`workloads.mod_json`), so modules committed by other tunefarm components are found too. Arbitrary
+modules are stored under the key `tir-<shash>` with op "tir".
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+from ..measure import Invalidity, MeasureResult
+from ..tvm_api import (
+    canonical_target_json,
+    derived_object,
+    load_json,
+    ms,
+    save_json,
+    structural_equal,
+    structural_hash,
+    trace_decisions,
+    trace_to_json,
+    tvm,
+    tvm_version,
+)
+from .engine import target_key
+from .rows import NewRecord, RecordRow, TargetRef
+from .store import Store
+
+FAILED_RUN_S = 1e9  # MetaSchedule reports failed runs as run_secs=[1e10]
+MS_SPACE = "metaschedule"
+
+
+def shash_hex(mod: Any) -> str:
+    return f"{structural_hash(mod):016x}"
+
+
+def _target_jsons(target: Any) -> list[str]:
+    """Canonical JSON of `target`, then of the same target without its host (a relax build
+    attaches the host; records are stored for the bare target)."""
+    exact = canonical_target_json(target)
+    d = json.loads(exact)
+    if "host" not in d:
+        return [exact]
+    d.pop("host")
+    return [exact, json.dumps(d, sort_keys=True, separators=(",", ":"))]
+
+
+def _estimate_flops(mod: Any) -> int:
+    try:
+        return int(tvm.s_tir.analysis.estimate_tir_flops(mod))
+    except Exception:  # dynamic shapes, unsupported ops: the count is informational only
+        return 0
+
+
+@derived_object
+class TunefarmDatabase(ms.database.PyDatabase):
+    """A MetaSchedule `Database` over a tunefarm `Store` (a Store, a URL, or None: settings).
+
+    `device_key` completes the target identity (the same target JSON on two boards is two
+    targets). With `target` given, `get_top_k`, `get_all_tuning_records` and `__len__` only see
+    that target's records (what a tuning run wants); otherwise they see every target's.
+    """
+
+    def __init__(self, store: Store | str | None = None, device_key: str = "local", *,
+                 target: Any = None) -> None:
+        super().__init__()
+        self.store = store if isinstance(store, Store) else Store(store)
+        self.device_key = device_key
+        self._workloads: dict[int, Any] = {}  # workload id -> ms Workload (stable identity)
+        self._by_shash: dict[str, list[int]] = {}  # shash -> ids whose Workload is cached
+        self._targets: dict[int, dict[str, Any]] = {}  # target id -> target JSON dict
+        self.target_id: int | None = None
+        if target is not None:
+            self.target_id = self._ensure_target(target).id
+
+    # --- helpers ---------------------------------------------------------------------------
+
+    def _workload(self, workload_id: int, mod_json: str | None = None) -> Any:
+        if workload_id not in self._workloads:
+            if mod_json is None:
+                row = self.store.get_workload(workload_id)
+                if row is None:
+                    raise LookupError(f"workload {workload_id} is not in {self.store!r}")
+                mod_json = row.mod_json
+            self._workloads[workload_id] = ms.database.Workload(load_json(mod_json))
+        return self._workloads[workload_id]
+
+    def _find(self, mod: Any) -> tuple[int | None, Any]:
+        """(workload id, Workload) of a structurally equal stored module, or (None, None)."""
+        shash = shash_hex(mod)
+        for wid in self._by_shash.get(shash, []):
+            if structural_equal(self._workloads[wid].mod, mod):
+                return wid, self._workloads[wid]
+        cached = self._by_shash.setdefault(shash, [])
+        for row in self.store.workload_by_shash(shash):
+            if row.id in cached or not row.mod_json:
+                continue
+            wl = self._workload(row.id, row.mod_json)
+            cached.append(row.id)
+            if structural_equal(wl.mod, mod):
+                return row.id, wl
+        return None, None
+
+    def _ensure_target(self, target: Any) -> TargetRef:
+        return self.store.ensure_target(canonical_target_json(target), self.device_key)
+
+    def _target_id(self, target: Any) -> int | None:
+        for tj in _target_jsons(target):
+            ref = self.store.target_by_key(target_key(tj, self.device_key))
+            if ref is not None:
+                return ref.id
+        return None
+
+    def _target(self, target_id: int) -> Any:
+        if target_id not in self._targets:
+            ref = self.store.get_target(target_id)
+            if ref is None:
+                raise LookupError(f"target {target_id} is not in {self.store!r}")
+            self._targets[target_id] = json.loads(ref.target_json)
+        return self._targets[target_id]
+
+    def _to_tuning_record(self, row: RecordRow, workload: Any) -> Any:
+        run_secs = row.latencies if row.ok and row.latencies else [FAILED_RUN_S * 10]
+        args_info = ms.arg_info.ArgInfo.from_entry_func(workload.mod, remove_preproc=True)
+        return ms.database.TuningRecord.from_json(
+            [json.loads(row.trace_json), [float(x) for x in run_secs],
+             self._target(row.target_id), [a.as_json() for a in args_info]],
+            workload)
+
+    # --- the PyDatabase interface ----------------------------------------------------------
+
+    def has_workload(self, mod: Any) -> bool:
+        return self._find(mod)[0] is not None
+
+    def commit_workload(self, mod: Any) -> Any:
+        wid, wl = self._find(mod)
+        if wl is not None:
+            return wl
+        shash = shash_hex(mod)
+        taken = {row.key for row in self.store.workload_by_shash(shash)}
+        key, n = f"tir-{shash}", 0
+        while key in taken:  # a structurally different module with the same hash
+            n += 1
+            key = f"tir-{shash}-{n}"
+        mod_json = save_json(mod)
+        wid = self.store.ensure_workload(
+            key=key, op="tir", spec_json=json.dumps({"op": "tir", "shash": shash}, sort_keys=True),
+            shash=shash, mod_json=mod_json, description=f"TIR module {shash}",
+            flops=_estimate_flops(mod))
+        self._by_shash.setdefault(shash, [])
+        self._by_shash[shash].append(wid)
+        return self._workload(wid, mod_json)
+
+    def commit_tuning_record(self, record: Any) -> None:
+        wid, _ = self._find(record.workload.mod)
+        if wid is None:
+            self.commit_workload(record.workload.mod)
+            wid, _ = self._find(record.workload.mod)
+        if record.target is not None:
+            tid = self._ensure_target(record.target).id
+        elif self.target_id is not None:
+            tid = self.target_id
+        else:
+            raise ValueError("the tuning record has no target and the database is not bound to one")
+        secs = [float(s) for s in (record.run_secs or [])]
+        ok = bool(secs) and all(s < FAILED_RUN_S for s in secs)
+        trace_json = trace_to_json(record.trace)
+        digest = hashlib.sha256(f"{wid}|{tid}|{trace_json}|{secs}".encode()).hexdigest()
+        res = (MeasureResult(f"ms-{digest[:40]}", Invalidity.OK, latencies_s=tuple(secs)) if ok
+               else MeasureResult.failure(f"ms-{digest[:40]}", Invalidity.RUN_ERROR,
+                                          "MetaSchedule reported a failed run"))
+        self.store.add_records([NewRecord(
+            trial_id=res.trial_id, workload_id=wid, target_id=tid, space=MS_SPACE,
+            cand_hash=shash_hex(record.as_measure_candidate().sch.mod), trace_json=trace_json,
+            decisions=trace_decisions(record.trace), latencies=list(res.latencies_s),
+            median_s=res.median_s, cv=res.cv, invalidity=res.invalidity, error_msg=res.error_msg,
+            tvm_version=tvm_version())])
+
+    def get_top_k(self, workload: Any, top_k: int) -> list[Any]:
+        wid, wl = self._find(workload.mod)
+        if wid is None or top_k <= 0:
+            return []
+        rows = self.store.records(workload_id=wid, target_id=self.target_id, only_ok=True,
+                                  limit=int(top_k), order="median")
+        return [self._to_tuning_record(r, wl) for r in rows]
+
+    def get_all_tuning_records(self) -> list[Any]:
+        return [self._to_tuning_record(r, self._workload(r.workload_id))
+                for r in self.store.records(target_id=self.target_id)]
+
+    def __len__(self) -> int:
+        return self.store.count_records(target_id=self.target_id)
+
+    def query_tuning_record(self, mod: Any, target: Any, workload_name: str | None = None) -> Any:
+        """The best valid record of `mod` measured on THIS target (and device), or None."""
+        tid = self._target_id(target)
+        if tid is None:
+            return None
+        wid, wl = self._find(mod)
+        if wid is None:
+            return None
+        best = self.store.best(wid, tid, 1)
+        return self._to_tuning_record(best[0], wl) if best else None

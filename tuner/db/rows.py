@@ -1,0 +1,157 @@
+"""Plain, immutable values the Store hands out and takes in (never live ORM objects)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, NamedTuple
+
+from ..measure import Invalidity
+from . import models as m
+
+
+@dataclass(frozen=True)
+class TargetRef:
+    id: int
+    key: str
+    target_json: str
+    device_key: str
+
+    @classmethod
+    def of(cls, row: m.Target) -> TargetRef:
+        return cls(row.id, row.key, row.target_json, row.device_key)
+
+
+@dataclass(frozen=True)
+class WorkloadRow:
+    id: int
+    key: str
+    op: str
+    spec_json: str
+    shash: str
+    mod_json: str
+    description: str
+    flops: int
+    created_at: datetime
+
+    @classmethod
+    def of(cls, row: m.Workload) -> WorkloadRow:
+        return cls(row.id, row.key, row.op, row.spec_json, row.shash, row.mod_json,
+                   row.description, row.flops, row.created_at)
+
+
+@dataclass(frozen=True)
+class JobRow:
+    id: str
+    job_key: str
+    workload_id: int
+    target_id: int
+    space: str
+    trials: int
+    state: m.JobState
+    options: dict[str, Any]
+    error: str | None
+    idempotency_key: str | None
+    request_hash: str | None
+    created_at: datetime
+    updated_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+
+    @classmethod
+    def of(cls, row: m.Job) -> JobRow:
+        return cls(row.id, row.job_key, row.workload_id, row.target_id, row.space, row.trials,
+                   m.JobState(row.state), json.loads(row.options_json), row.error,
+                   row.idempotency_key, row.request_hash, row.created_at, row.updated_at,
+                   row.started_at, row.finished_at)
+
+
+@dataclass(frozen=True)
+class NewRecord:
+    """One measured trial to store. `trial_id` makes writing it idempotent."""
+
+    trial_id: str
+    workload_id: int
+    target_id: int
+    space: str
+    cand_hash: str
+    trace_json: str
+    invalidity: Invalidity | str
+    tvm_version: str
+    job_id: str | None = None
+    decisions: list[Any] = field(default_factory=list)
+    latencies: list[float] = field(default_factory=list)  # every sample, seconds
+    median_s: float | None = None
+    cv: float | None = None
+    error_msg: str | None = None
+    worker: str | None = None
+    build_s: float | None = None
+    features: bytes | None = None  # float32 bytes for the cost model
+    measured_at: datetime | None = None  # None: now
+
+    def columns(self, now: datetime) -> dict[str, Any]:
+        return {
+            "trial_id": self.trial_id, "job_id": self.job_id, "workload_id": self.workload_id,
+            "target_id": self.target_id, "space": self.space, "cand_hash": self.cand_hash,
+            "trace_json": self.trace_json, "decisions_json": json.dumps(self.decisions),
+            "latencies_json": json.dumps([float(x) for x in self.latencies]),
+            "median_s": self.median_s, "cv": self.cv,
+            "invalidity": Invalidity(self.invalidity).value, "error_msg": self.error_msg,
+            "worker": self.worker, "build_s": self.build_s,
+            "features": bytes(self.features) if self.features is not None else None,
+            "tvm_version": self.tvm_version, "created_at": now,
+            "measured_at": self.measured_at or now,
+        }
+
+
+@dataclass(frozen=True)
+class RecordRow:
+    id: int
+    trial_id: str
+    job_id: str | None
+    workload_id: int
+    target_id: int
+    space: str
+    cand_hash: str
+    trace_json: str
+    decisions: list[Any]
+    latencies: list[float]
+    median_s: float | None
+    cv: float | None
+    invalidity: Invalidity
+    error_msg: str | None
+    worker: str | None
+    build_s: float | None
+    features: bytes | None
+    tvm_version: str
+    created_at: datetime
+    measured_at: datetime
+
+    @property
+    def ok(self) -> bool:
+        return self.invalidity is Invalidity.OK
+
+    @classmethod
+    def of(cls, r: m.Record) -> RecordRow:
+        return cls(r.id, r.trial_id, r.job_id, r.workload_id, r.target_id, r.space, r.cand_hash,
+                   r.trace_json, json.loads(r.decisions_json), json.loads(r.latencies_json),
+                   r.median_s, r.cv, Invalidity(r.invalidity), r.error_msg, r.worker, r.build_s,
+                   r.features, r.tvm_version, r.created_at, r.measured_at)
+
+
+@dataclass(frozen=True)
+class MeasuredRow:
+    """What dedup needs to know about an already measured candidate."""
+
+    trial_id: str
+    invalidity: Invalidity
+    median_s: float | None
+    latencies: list[float]
+
+
+class TrainingRow(NamedTuple):
+    workload_id: int
+    features: bytes
+    median_s: float | None
+    invalidity: Invalidity

@@ -1,0 +1,351 @@
+"""The tuning database: one `Store` over SQLite (default) or PostgreSQL.
+
+Every public method runs in its own short transaction through `Store.session()`, which commits,
+rolls back, and turns SQLAlchemy errors into `tuner.errors.DatabaseError` exactly once. The schema
+is managed by the Alembic migrations shipped in this package (`Store.upgrade()`).
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any, Literal
+
+from alembic import command
+from alembic.runtime.migration import MigrationContext
+from alembic.util import CommandError
+from sqlalchemy import ColumnElement, func, select
+from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.orm import Session, sessionmaker
+
+from ..errors import DatabaseError, NotFound
+from ..measure import Invalidity
+from . import models as m
+from .engine import (PG_MIGRATION_LOCK, UPGRADE_COMMAND, alembic_config, canonical_json,
+                     head_revision, known_revisions, make_engine, normalize_url, safe_url,
+                     target_key, wrap_error)
+from .models import JobState, utcnow
+from .rows import JobRow, MeasuredRow, NewRecord, RecordRow, TargetRef, TrainingRow, WorkloadRow
+
+_CHUNK = 500  # rows per INSERT (SQLite allows 32766 bound parameters)
+
+
+class Store:
+    """Workloads, targets, jobs and measured records in one SQL database."""
+
+    def __init__(self, url: str | None = None, *, auto_upgrade: bool = True) -> None:
+        if url is None:
+            from ..config import get_settings
+
+            url = get_settings().resolved_database_url()
+        self.url = normalize_url(url)
+        self.safe_url = safe_url(self.url)
+        self.engine, self.dialect = make_engine(self.url)
+        self.auto_upgrade = auto_upgrade
+        self._sessions = sessionmaker(self.engine, expire_on_commit=False)
+        self._schema_ok = False
+        if auto_upgrade:
+            self._check_schema()
+
+    def __repr__(self) -> str:
+        return f"Store({self.safe_url!r})"
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ---------------------------------------------------------------------------------------
+    # schema
+
+    def head_revision(self) -> str | None:
+        return head_revision()
+
+    def current_revision(self) -> str | None:
+        """The schema revision stored in the database (None: no schema yet)."""
+        try:
+            with self.engine.connect() as conn:
+                return MigrationContext.configure(conn).get_current_revision()
+        except SQLAlchemyError as exc:
+            raise wrap_error(exc, self.safe_url) from exc
+
+    def upgrade(self, revision: str = "head") -> None:
+        """`alembic upgrade head`, programmatically; safe when two processes race to do it."""
+        cfg = alembic_config(self.url)
+        try:
+            with self.engine.begin() as conn:  # SQLite: BEGIN IMMEDIATE serializes migrators
+                if self.dialect == "postgresql":
+                    conn.exec_driver_sql(f"SELECT pg_advisory_xact_lock({PG_MIGRATION_LOCK})")
+                cfg.attributes["connection"] = conn
+                command.upgrade(cfg, revision)
+        except SQLAlchemyError as exc:
+            raise wrap_error(exc, self.safe_url) from exc
+        except CommandError as exc:
+            raise DatabaseError(f"cannot upgrade {self.safe_url} to {revision!r}: {exc}") from exc
+        self._schema_ok = False
+
+    def _check_schema(self) -> None:
+        if self._schema_ok:
+            return
+        current, head = self.current_revision(), head_revision()
+        if current != head:
+            if current is not None and current not in known_revisions():
+                raise DatabaseError(
+                    f"the database {self.safe_url} has schema revision {current!r}, which this "
+                    "tunefarm does not know (written by a newer tunefarm?); upgrade tunefarm")
+            if not self.auto_upgrade:
+                state = "has no tunefarm schema" if current is None else f"is at revision {current}"
+                raise DatabaseError(
+                    f"the database {self.safe_url} {state} but this tunefarm needs revision "
+                    f"{head}: run `{UPGRADE_COMMAND}`")
+            self.upgrade()
+        self._schema_ok = True
+
+    @contextmanager
+    def session(self) -> Iterator[Session]:
+        """A transaction: commits on success, rolls back on error; SQLAlchemy errors become
+        `DatabaseError` (once: nested use does not wrap twice)."""
+        self._check_schema()
+        s = self._sessions()
+        try:
+            yield s
+            s.commit()
+        except SQLAlchemyError as exc:
+            s.rollback()
+            raise wrap_error(exc, self.safe_url) from exc
+        except BaseException:
+            s.rollback()
+            raise
+        finally:
+            s.close()
+
+    def _insert(self, model: type[m.Base]) -> Any:
+        if self.dialect == "postgresql":
+            from sqlalchemy.dialects.postgresql import insert
+        else:
+            from sqlalchemy.dialects.sqlite import insert
+        return insert(model)
+
+    # ---------------------------------------------------------------------------------------
+    # workloads and targets
+
+    def ensure_workload(self, *, key: str, op: str, spec_json: str, shash: str, mod_json: str,
+                        description: str = "", flops: int = 0) -> int:
+        """The id of workload `key`, inserted if missing (race-free across processes)."""
+        values = dict(key=key, op=op, spec_json=spec_json, shash=shash, mod_json=mod_json,
+                      description=description, flops=int(flops), created_at=utcnow())
+        query = select(m.Workload.id).where(m.Workload.key == key)
+        with self.session() as s:
+            wid = s.scalar(query)
+            if wid is None:
+                s.execute(self._insert(m.Workload).values(values)
+                          .on_conflict_do_nothing(index_elements=["key"]))
+                wid = s.scalar(query)
+            return int(wid)
+
+    def ensure_target(self, target_json: str, device_key: str = "local") -> TargetRef:
+        target_json = canonical_json(target_json)
+        key = target_key(target_json, device_key)
+        query = select(m.Target).where(m.Target.key == key)
+        with self.session() as s:
+            row = s.scalar(query)
+            if row is None:
+                s.execute(self._insert(m.Target).values(
+                    key=key, target_json=target_json, device_key=device_key, created_at=utcnow())
+                    .on_conflict_do_nothing(index_elements=["key"]))
+                row = s.scalar(query)
+            return TargetRef.of(row)
+
+    def workload_by_key(self, key: str) -> WorkloadRow | None:
+        with self.session() as s:
+            row = s.scalar(select(m.Workload).where(m.Workload.key == key))
+            return WorkloadRow.of(row) if row else None
+
+    def get_workload(self, workload_id: int) -> WorkloadRow | None:
+        with self.session() as s:
+            row = s.get(m.Workload, workload_id)
+            return WorkloadRow.of(row) if row else None
+
+    def workload_by_shash(self, shash: str) -> list[WorkloadRow]:
+        with self.session() as s:
+            rows = s.scalars(select(m.Workload).where(m.Workload.shash == shash)
+                             .order_by(m.Workload.id))
+            return [WorkloadRow.of(r) for r in rows]
+
+    def target_by_key(self, key: str) -> TargetRef | None:
+        with self.session() as s:
+            row = s.scalar(select(m.Target).where(m.Target.key == key))
+            return TargetRef.of(row) if row else None
+
+    def get_target(self, target_id: int) -> TargetRef | None:
+        with self.session() as s:
+            row = s.get(m.Target, target_id)
+            return TargetRef.of(row) if row else None
+
+    # ---------------------------------------------------------------------------------------
+    # jobs
+
+    def create_job(self, *, job_key: str, workload_id: int, target_id: int, space: str,
+                   trials: int, options: dict[str, Any] | None = None,
+                   state: JobState = JobState.QUEUED, idempotency_key: str | None = None,
+                   request_hash: str | None = None) -> JobRow:
+        """A new job. With an `idempotency_key` that already exists, the existing job is returned
+        unchanged (compare its `request_hash` to detect a conflicting request)."""
+        now = utcnow()
+        values = dict(id=uuid.uuid4().hex, job_key=job_key, workload_id=workload_id,
+                      target_id=target_id, space=space, trials=int(trials),
+                      state=JobState(state).value, options_json=json.dumps(options or {}),
+                      idempotency_key=idempotency_key, request_hash=request_hash,
+                      created_at=now, updated_at=now,
+                      started_at=now if JobState(state) is JobState.RUNNING else None)
+        with self.session() as s:
+            stmt = self._insert(m.Job).values(values)
+            if idempotency_key is None:
+                s.execute(stmt)
+                row = s.get(m.Job, values["id"])
+            else:
+                s.execute(stmt.on_conflict_do_nothing(index_elements=["idempotency_key"]))
+                row = s.scalar(select(m.Job).where(m.Job.idempotency_key == idempotency_key))
+            return JobRow.of(row)
+
+    def get_job(self, job_id: str) -> JobRow | None:
+        with self.session() as s:
+            row = s.get(m.Job, job_id)
+            return JobRow.of(row) if row else None
+
+    def latest_job(self, job_key: str) -> JobRow | None:
+        with self.session() as s:
+            row = s.scalar(select(m.Job).where(m.Job.job_key == job_key)
+                           .order_by(m.Job.created_at.desc()).limit(1))
+            return JobRow.of(row) if row else None
+
+    def set_job_state(self, job_id: str, state: JobState | str, *,
+                      error: str | None = None) -> JobRow:
+        """Move a job to `state`: RUNNING stamps started_at (first time), terminal states stamp
+        finished_at, non-terminal ones clear it; `error` (if given) is stored."""
+        state, now = JobState(state), utcnow()
+        with self.session() as s:
+            job = s.get(m.Job, job_id, with_for_update=True)
+            if job is None:
+                raise NotFound(f"no job {job_id!r}")
+            job.state, job.updated_at = state.value, now
+            if state is JobState.RUNNING and job.started_at is None:
+                job.started_at = now
+            job.finished_at = now if state.is_terminal else None
+            if error is not None:
+                job.error = error
+            s.flush()
+            return JobRow.of(job)
+
+    def update_job_trials(self, job_id: str, trials: int) -> None:
+        with self.session() as s:
+            job = s.get(m.Job, job_id, with_for_update=True)
+            if job is None:
+                raise NotFound(f"no job {job_id!r}")
+            job.trials, job.updated_at = int(trials), utcnow()
+
+    # ---------------------------------------------------------------------------------------
+    # records
+
+    def add_records(self, records: Sequence[NewRecord]) -> int:
+        """Insert in one transaction; trial_ids already stored are skipped (also when the same
+        batch is written concurrently). Returns how many rows were newly inserted."""
+        now = utcnow()
+        rows: dict[str, dict[str, Any]] = {}
+        for rec in records:
+            rows.setdefault(rec.trial_id, rec.columns(now))
+        values = list(rows.values())
+        inserted = 0
+        with self.session() as s:
+            for i in range(0, len(values), _CHUNK):
+                stmt = (self._insert(m.Record).values(values[i:i + _CHUNK])
+                        .on_conflict_do_nothing(index_elements=["trial_id"])
+                        .returning(m.Record.id))
+                inserted += len(s.execute(stmt).all())
+        return inserted
+
+    @staticmethod
+    def _filters(job_id: str | None, workload_id: int | None,
+                 target_id: int | None) -> list[ColumnElement[bool]]:
+        out: list[ColumnElement[bool]] = []
+        if job_id is not None:
+            out.append(m.Record.job_id == job_id)
+        if workload_id is not None:
+            out.append(m.Record.workload_id == workload_id)
+        if target_id is not None:
+            out.append(m.Record.target_id == target_id)
+        return out
+
+    def count_records(self, *, job_id: str | None = None, workload_id: int | None = None,
+                      target_id: int | None = None) -> int:
+        with self.session() as s:
+            return int(s.scalar(select(func.count()).select_from(m.Record)
+                                .where(*self._filters(job_id, workload_id, target_id))) or 0)
+
+    def records(self, *, workload_id: int | None = None, target_id: int | None = None,
+                job_id: str | None = None, only_ok: bool = False, limit: int | None = None,
+                order: Literal["id", "median", "newest"] = "id") -> list[RecordRow]:
+        """Records matching the filters; order "median" puts the fastest first, no-median last;
+        "newest" the last written first."""
+        q = select(m.Record).where(*self._filters(job_id, workload_id, target_id))
+        if only_ok:
+            q = q.where(m.Record.invalidity == Invalidity.OK.value, m.Record.median_s.is_not(None))
+        if order == "median":
+            q = q.order_by(m.Record.median_s.asc().nulls_last(), m.Record.id)
+        elif order == "id":
+            q = q.order_by(m.Record.id)
+        elif order == "newest":
+            q = q.order_by(m.Record.id.desc())
+        else:
+            raise ValueError(f"order must be 'id', 'median' or 'newest', not {order!r}")
+        if limit is not None:
+            q = q.limit(int(limit))
+        with self.session() as s:
+            return [RecordRow.of(r) for r in s.scalars(q)]
+
+    def best(self, workload_id: int, target_id: int, k: int = 1) -> list[RecordRow]:
+        """The k fastest valid records (invalidity ok), lowest median first."""
+        return self.records(workload_id=workload_id, target_id=target_id, only_ok=True,
+                            limit=k, order="median")
+
+    def measured(self, workload_id: int, target_id: int) -> dict[str, MeasuredRow]:
+        """Already measured candidates by cand_hash (for dedup). worker_lost records are left out:
+        the candidate was never really measured and should be tried again. With several records
+        for a candidate, a valid one wins (the fastest)."""
+        q = (select(m.Record.cand_hash, m.Record.trial_id, m.Record.invalidity, m.Record.median_s,
+                    m.Record.latencies_json)
+             .where(m.Record.workload_id == workload_id, m.Record.target_id == target_id,
+                    m.Record.invalidity != Invalidity.WORKER_LOST.value)
+             .order_by(m.Record.id))
+        out: dict[str, MeasuredRow] = {}
+        with self.session() as s:
+            for cand, trial, inv, median, lat in s.execute(q):
+                row = MeasuredRow(trial, Invalidity(inv), median, json.loads(lat))
+                if cand not in out or _better(row, out[cand]):
+                    out[cand] = row
+        return out
+
+    def training_rows(self, target_id: int) -> list[TrainingRow]:
+        """(workload_id, features, median_s, invalidity) of records with features; infrastructure
+        failures (worker_lost) never train the model."""
+        q = (select(m.Record.workload_id, m.Record.features, m.Record.median_s,
+                    m.Record.invalidity)
+             .where(m.Record.target_id == target_id, m.Record.features.is_not(None),
+                    m.Record.invalidity != Invalidity.WORKER_LOST.value)
+             .order_by(m.Record.id))
+        with self.session() as s:
+            return [TrainingRow(w, bytes(f), med, Invalidity(inv)) for w, f, med, inv in s.execute(q)]
+
+
+def _better(a: MeasuredRow, b: MeasuredRow) -> bool:
+    a_ok = a.invalidity is Invalidity.OK and a.median_s is not None
+    b_ok = b.invalidity is Invalidity.OK and b.median_s is not None
+    if a_ok != b_ok:
+        return a_ok
+    return a_ok and b_ok and a.median_s < b.median_s  # type: ignore[operator]

@@ -1,0 +1,39 @@
+"""One root exception with a few subclasses; the CLI and the API map them to messages and
+problem types in one place each."""
+
+from __future__ import annotations
+
+
+class TunefarmError(Exception):
+    """Root of every error tunefarm raises on purpose. `code` is stable (used by the API)."""
+
+    code = "tunefarm_error"
+
+
+class SpecError(TunefarmError, ValueError):
+    """A workload spec, TVMScript text or target is invalid. `field` names the offending field."""
+
+    code = "invalid_spec"
+
+    def __init__(self, message: str, *, field: str | None = None) -> None:
+        super().__init__(f"{field}: {message}" if field else message)
+        self.field = field
+        self.detail = message
+
+
+class TargetError(SpecError):
+    code = "invalid_target"
+
+
+class EnvironmentMismatch(TunefarmError):
+    """Installed packages do not match the pins tunefarm is known to work with."""
+
+    code = "environment_mismatch"
+
+
+class DatabaseError(TunefarmError):
+    code = "database_error"
+
+
+class NotFound(TunefarmError, LookupError):
+    code = "not_found"

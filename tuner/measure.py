@@ -1,0 +1,101 @@
+"""The measurement protocol: what a measurer gets (MeasureInput) and what it gives back
+(MeasureResult). Both are plain JSON so they cross process and network boundaries unchanged.
+
+Failures travel as data (an `Invalidity` and an error message), never as exceptions.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from dataclasses import asdict, dataclass, field
+from enum import StrEnum
+from typing import Any
+
+
+class Invalidity(StrEnum):
+    OK = "ok"
+    BUILD_ERROR = "build_error"
+    BUILD_TIMEOUT = "build_timeout"
+    RUN_ERROR = "run_error"
+    RUN_TIMEOUT = "run_timeout"
+    WRONG_ANSWER = "wrong_answer"
+    WORKER_LOST = "worker_lost"
+
+    @property
+    def is_infrastructure(self) -> bool:
+        """Failures of the farm, not of the kernel: retried elsewhere, never train the model."""
+        return self is Invalidity.WORKER_LOST
+
+
+@dataclass(frozen=True)
+class MeasureOptions:
+    min_repeat_ms: float = 40.0
+    repeats: int = 5
+    cache_flush: bool = False
+    build_timeout_s: float = 60.0
+    run_timeout_s: float = 30.0
+    num_threads: int = 1
+    verify: bool = True
+
+
+@dataclass(frozen=True)
+class MeasureInput:
+    trial_id: str
+    workload_key: str
+    workload_spec: dict[str, Any]  # tuner.workloads spec: rebuilds the PrimFunc and reference
+    target: dict[str, Any]
+    trace_json: str
+    options: MeasureOptions = field(default_factory=MeasureOptions)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> MeasureInput:
+        d = json.loads(text)
+        d["options"] = MeasureOptions(**d.get("options", {}))
+        return cls(**d)
+
+
+@dataclass(frozen=True)
+class MeasureResult:
+    trial_id: str
+    invalidity: Invalidity
+    latencies_s: tuple[float, ...] = ()
+    error_msg: str | None = None
+    build_s: float | None = None
+    worker: str | None = None
+    max_abs_err: float | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.invalidity is Invalidity.OK
+
+    @property
+    def median_s(self) -> float | None:
+        return statistics.median(self.latencies_s) if self.latencies_s else None
+
+    @property
+    def cv(self) -> float | None:
+        """Coefficient of variation of the samples (stdev / mean)."""
+        if len(self.latencies_s) < 2:
+            return None
+        mean = statistics.fmean(self.latencies_s)
+        return statistics.stdev(self.latencies_s) / mean if mean > 0 else None
+
+    def to_json(self) -> str:
+        d = asdict(self)
+        d["invalidity"] = str(self.invalidity)
+        return json.dumps(d)
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> MeasureResult:
+        d = json.loads(text)
+        d["invalidity"] = Invalidity(d["invalidity"])
+        d["latencies_s"] = tuple(d.get("latencies_s") or ())
+        return cls(**d)
+
+    @classmethod
+    def failure(cls, trial_id: str, invalidity: Invalidity, msg: str, **kw: Any) -> MeasureResult:
+        return cls(trial_id=trial_id, invalidity=invalidity, error_msg=msg[-4000:], **kw)

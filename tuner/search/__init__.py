@@ -1,0 +1,1 @@
+"""Search: the loop (`loop.Tuner`) and the XGBoost cost model (`costmodel.XGBCostModel`)."""

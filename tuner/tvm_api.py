@@ -1,0 +1,280 @@
+"""The only module in tunefarm that imports TVM.
+
+TVM's Python API moves between releases (`tvm.tir` became `tvm.tirx`/`tvm.s_tir`, targets became
+JSON dicts, `tvm.nd` became `tvm.runtime.tensor`). Everything tunefarm needs from TVM is re-exported
+or wrapped here, so the next move touches one file. See ../shared/TVM_NOTES.md for the recipes.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from .errors import EnvironmentMismatch, TargetError
+
+REQUIRED = {"apache-tvm": "0.27.0.post1", "apache-tvm-ffi": "0.1.14.post1"}
+
+
+def check_pins(version: Callable[[str], str] = importlib.metadata.version) -> None:
+    """Refuse to run against TVM / tvm-ffi versions that are known to crash.
+
+    apache-tvm-ffi 0.1.15.x segfaults inside `tvm.ir.save_json`, which every database write and
+    every build needs; failing loudly here beats a segfault in the middle of a tuning job.
+    """
+    for dist, wanted in REQUIRED.items():
+        try:
+            got = version(dist)
+        except importlib.metadata.PackageNotFoundError as exc:
+            raise EnvironmentMismatch(f"{dist} is not installed; tunefarm needs {dist}=={wanted}") from exc
+        if got != wanted:
+            raise EnvironmentMismatch(
+                f"{dist}=={got} is installed but tunefarm needs {dist}=={wanted} "
+                f"(apache-tvm-ffi 0.1.15.x segfaults in tvm.ir.save_json). "
+                f"Fix: pip install '{dist}=={wanted}'"
+            )
+
+
+check_pins()
+
+import tvm  # noqa: E402
+import tvm_ffi  # noqa: E402
+from tvm import te, topi  # noqa: E402
+from tvm.s_tir import Schedule, Trace  # noqa: E402
+from tvm.s_tir import meta_schedule as ms  # noqa: E402
+from tvm.ir.utils import derived_object  # noqa: E402
+
+logging.getLogger("tvm.s_tir.meta_schedule").setLevel(logging.WARNING)
+
+__all__ = [
+    "tvm", "tvm_ffi", "te", "topi", "ms", "Schedule", "Trace", "derived_object", "tune_context",
+    "tvm_version", "structural_hash", "structural_equal", "save_json", "load_json",
+    "make_target", "host_target_dict", "target_to_dict", "canonical_target_json",
+    "trace_to_json", "trace_decisions", "apply_trace", "compile_module", "prim_func_from_tvmscript",
+    "strip_layout_rewrite", "param_specs",
+    "num_tensor_elements",
+]
+
+
+def tvm_version() -> str:
+    return f"tvm={tvm.__version__};ffi={importlib.metadata.version('apache-tvm-ffi')}"
+
+
+def structural_hash(obj: Any) -> int:
+    return int(tvm_ffi.structural_hash(obj)) & 0xFFFFFFFFFFFFFFFF
+
+
+def structural_equal(a: Any, b: Any) -> bool:
+    return bool(tvm_ffi.structural_equal(a, b))
+
+
+def save_json(obj: Any) -> str:
+    return str(tvm.ir.save_json(obj))
+
+
+def load_json(text: str) -> Any:
+    return tvm.ir.load_json(text)
+
+
+# ---------------------------------------------------------------------------------------------
+# targets
+
+
+def host_target_dict(num_cores: int | None = None) -> dict[str, Any]:
+    """This CPU as an explicit target. Never `mcpu: native`: LLVM 22 silently falls back to generic
+    code (no AVX-512) for it."""
+    from .config import physical_cores
+
+    cpu = str(tvm_ffi.get_global_func("tvm.codegen.llvm.GetHostCPUName")())
+    return {"kind": "llvm", "mcpu": cpu, "num-cores": int(num_cores or physical_cores())}
+
+
+def _plain(o: Any) -> Any:
+    if isinstance(o, str | int | float | bool) or o is None:
+        return o
+    if hasattr(o, "items"):
+        return {str(k): _plain(v) for k, v in o.items()}
+    if isinstance(o, list | tuple) or type(o).__name__ in ("Array", "List"):
+        return [_plain(v) for v in o]
+    if hasattr(o, "value"):
+        return o.value
+    if hasattr(o, "export"):  # nested Target (host)
+        return _plain(o.export())
+    return str(o)
+
+
+def target_to_dict(target: Any) -> dict[str, Any]:
+    """Canonical dict of a `tvm.target.Target` (TVM fills defaults such as `keys`)."""
+    d = _plain(target.export())
+    d.pop("tag", None) if d.get("tag") == "" else None
+    return d
+
+
+def canonical_target_json(target: Any) -> str:
+    return json.dumps(target_to_dict(target), sort_keys=True, separators=(",", ":"))
+
+
+def make_target(spec: str | dict[str, Any]) -> Any:
+    """A `tvm.target.Target` from `"host"`, a JSON dict, or a JSON string of one.
+
+    Rejects what TVM would silently accept and miscompile: an `llvm` mcpu that LLVM does not know
+    (incl. `native`) falls back to generic code without AVX-512.
+    """
+    if isinstance(spec, str):
+        text = spec.strip()
+        if text in ("host", "local", ""):
+            spec = host_target_dict()
+        elif text.startswith("{"):
+            try:
+                spec = json.loads(text)
+            except json.JSONDecodeError as exc:
+                raise TargetError(f"not valid JSON: {exc.msg}", field="target") from exc
+        else:
+            raise TargetError(
+                f"{text!r} is not a target: give 'host' or a JSON dict such as "
+                '{"kind": "llvm", "mcpu": "znver5", "num-cores": 2} '
+                "(TVM 0.27 no longer parses 'llvm -mcpu=...' strings)",
+                field="target",
+            )
+    if not isinstance(spec, dict) or "kind" not in spec:
+        raise TargetError('must be "host" or a JSON object with a "kind"', field="target")
+    spec = dict(spec)
+    if spec.get("kind") == "llvm" and spec.get("mcpu") in (None, "native", "host"):
+        if spec.get("mcpu") is not None or "mtriple" not in spec:
+            spec["mcpu"] = host_target_dict()["mcpu"]
+    if spec.get("kind") == "llvm" and "mcpu" in spec:
+        triple = spec.get("mtriple") or str(tvm_ffi.get_global_func("target.llvm_get_system_triple")())
+        valid = tvm_ffi.get_global_func("target.llvm_is_valid_cpu")(str(spec["mcpu"]), str(triple))
+        if not valid:
+            raise TargetError(
+                f"LLVM does not know mcpu {spec['mcpu']!r} for triple {triple!r}; it would silently "
+                "generate generic code", field="target.mcpu")
+    if spec.get("kind") == "llvm" and "num-cores" not in spec:
+        from .config import physical_cores
+
+        spec["num-cores"] = physical_cores()
+    try:
+        return tvm.target.Target(spec)
+    except Exception as exc:  # TVM raises ValueError/TVMError with a long message
+        raise TargetError(str(exc).splitlines()[0][:300], field="target") from exc
+
+
+# ---------------------------------------------------------------------------------------------
+# traces and schedules
+
+
+def _json_default(o: Any) -> Any:
+    return o.value if hasattr(o, "value") else str(o)
+
+
+def trace_to_json(trace: Any) -> str:
+    """Full trace (postprocessing included) as JSON: replaying it reproduces the candidate."""
+    return json.dumps(trace.as_json(remove_postproc=False), default=_json_default)
+
+
+def trace_decisions(trace: Any) -> list[list[Any]]:
+    """The sampling decisions of a trace: `[[instruction_index, kind, decision], ...]`."""
+    out: list[list[Any]] = []
+    for idx, inst in enumerate(trace.insts):
+        if inst in trace.decisions:
+            out.append([idx, inst.kind.name, _plain(trace.decisions[inst])])
+    return out
+
+
+def apply_trace(mod: Any, trace_json: str) -> Any:
+    """Replay a trace JSON onto a fresh schedule of `mod`; returns the Schedule."""
+    sch = Schedule(mod)
+    Trace.apply_json_to_schedule(json.loads(trace_json), sch)
+    return sch
+
+
+def strip_layout_rewrite(mod: Any) -> Any:
+    """Drop the weight-packing blocks MetaSchedule's RewriteLayout adds for layout-free weights:
+    the kernel then takes the weight pre-packed (packing is paid once at compile time for model
+    constants; relax's SplitLayoutRewritePreproc does the same in a pipeline)."""
+    from tvm.s_tir.transform import RemoveWeightLayoutRewriteBlock
+
+    return RemoveWeightLayoutRewriteBlock(skip_tensor_rewrite=True)(mod)
+
+
+def param_specs(mod: Any) -> list[tuple[tuple[int, ...], str]]:
+    """(shape, dtype) of each parameter of `mod["main"]`."""
+    # in TVM 0.27 a PrimFunc has no buffer_map: buffer params are Vars typed BufferType
+    return [(tuple(int(d) for d in p.shape), str(p.dtype)) for p in mod["main"].params]
+
+
+def compile_module(mod: Any, target: Any) -> Any:
+    """Build an (already scheduled) IRModule for `target`; returns the runtime module."""
+    return tvm.compile(mod, target=target).mod
+
+
+def prim_func_from_tvmscript(text: str) -> Any:
+    """Parse TVMScript text (already vetted by `tuner.workloads.tvmscript`) into a PrimFunc."""
+    obj = tvm.script.from_source(text)
+    if isinstance(obj, tvm.IRModule):
+        funcs = [f for f in obj.functions.values() if isinstance(f, tvm.tirx.PrimFunc)]
+        if len(funcs) != 1:
+            raise ValueError(f"expected one PrimFunc in the module, found {len(funcs)}")
+        obj = funcs[0]
+    if not isinstance(obj, tvm.tirx.PrimFunc):
+        raise ValueError(f"expected a PrimFunc, got {type(obj).__name__}")
+    return obj
+
+
+def num_tensor_elements(shape: Any) -> int:
+    n = 1
+    for d in shape:
+        n *= int(d)
+    return n
+
+
+# ---------------------------------------------------------------------------------------------
+# MetaSchedule
+
+
+def _lazy_tensor_intrin_package() -> None:
+    """Make `import tvm.s_tir.tensor_intrin` cheap.
+
+    `TuneContext.__init__` imports the package, whose `__init__` registers ~110 intrinsics for
+    every backend (about 11 s here; 7.7 s of it CUDA). tunefarm registers the few intrinsics a
+    space needs itself (e.g. `schedules/`), so install the package as an empty namespace whose
+    submodules (`...tensor_intrin.x86`) still import on demand.
+    """
+    import importlib.util
+    import sys
+    import types
+
+    name = "tvm.s_tir.tensor_intrin"
+    if name in sys.modules:
+        return
+    spec = importlib.util.find_spec(name)
+    if spec is None or spec.submodule_search_locations is None:  # pragma: no cover
+        return
+    pkg = types.ModuleType(name, "tensor intrinsics (submodules load on demand; see tunefarm)")
+    pkg.__path__ = list(spec.submodule_search_locations)
+    pkg.__package__ = name
+    sys.modules[name] = pkg
+    import tvm.s_tir as _s_tir
+
+    _s_tir.tensor_intrin = pkg  # type: ignore[attr-defined]
+    # x86's (0.1 s) are named by the default CPU rules, also when a caller runs ms.tune_tir itself
+    importlib.import_module(f"{name}.x86")
+
+
+_lazy_tensor_intrin_package()
+
+
+def tune_context(mod: Any, target: Any, *, space: Any, strategy: Any, seed: int,
+                 num_threads: int, task_name: str = "main") -> Any:
+    import importlib
+
+    # the default spaces of these targets name intrinsics from these modules (x86: VNNI, ...)
+    keys = set(target.keys)
+    for mod_name, needed in (("arm_cpu", "arm_cpu" in keys), ("cuda", "cuda" in keys),
+                             ("rocm", "rocm" in keys), ("hexagon", "hexagon" in keys)):
+        if needed:
+            importlib.import_module(f"tvm.s_tir.tensor_intrin.{mod_name}")
+    return ms.TuneContext(mod=mod, target=target, space_generator=space, search_strategy=strategy,
+                          task_name=task_name, rand_state=seed, num_threads=num_threads)

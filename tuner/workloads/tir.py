@@ -1,0 +1,242 @@
+"""The `tir` op: an arbitrary PrimFunc submitted as (vetted) TVMScript text.
+
+Spec: `{"op": "tir", "tvmscript": "<text>", "num_outputs": 1}`; the last `num_outputs` params
+are outputs. The key is `tir-<structural hash of {"main": func}>` after the function's
+global_symbol is set to "main" (the user's function and buffer names do not change it; attrs,
+shapes, dtypes and the body do).
+
+Besides the vetting in `tvmscript.py`, the parsed function must: have only buffer params with
+constant shapes and supported dtypes, use only for-loops with constant extents (total iteration
+count <= max_ops), allocate no buffer past max_tensor_elements, carry only known function attrs,
+and pass TVM's static out-of-bounds checker (`s_tir.analysis.OOBChecker`): the reference runs
+the function on this host.
+
+flops: TVM's estimator `tvm.s_tir.analysis.estimate_tir_flops` (counts arithmetic ops per
+loop iteration; a plain copy counts 0). If the estimator fails, the loop iteration count is used.
+Reference: the UNSCHEDULED function built for {"kind": "llvm"} and run here (outputs start as
+zeros). Tolerance: exact for integer/bool outputs; for floats `float_tolerance` with the
+reduction length estimated as flops / (2 * output elements).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..config import get_settings
+from ..errors import SpecError
+from .base import ArgSpec, OpDef, float_tolerance, is_int
+from .tvmscript import FIELD, param_buffers, parse_tvmscript
+
+SUPPORTED_DTYPES = ("float16", "float32", "float64", "int8", "int16", "int32", "int64",
+                    "uint8", "uint16", "uint32", "uint64", "bool")
+ALLOWED_FUNC_ATTRS = frozenset({"global_symbol", "tirx.noalias", "s_tir", "layout_free_buffers"})
+
+
+@dataclass(frozen=True)
+class ParsedTir:
+    spec: dict[str, Any]
+    func: Any
+    key: str
+    args: list[ArgSpec]
+    flops: int
+    description: str
+    tolerance: tuple[float, float]
+
+
+def _const(expr: Any, what: str) -> int:
+    if not hasattr(expr, "value") or not is_int(getattr(expr, "value", None)):
+        raise SpecError(f"{what} must be a constant, got {expr}", field=FIELD)
+    return int(expr.value)
+
+
+def _check_buffer(buf: Any, limit: int) -> None:
+    dims = [_const(d, f"the shape of buffer {buf.name}") for d in buf.shape]
+    if math.prod(dims) > limit:
+        raise SpecError(f"buffer {buf.name} {dims} has {math.prod(dims)} elements; the limit is "
+                        f"{limit}", field=FIELD)
+
+
+def _count_iterations(stmt: Any, limit: int) -> int:
+    """Sum over leaf statements of the product of the enclosing loop extents; checks loops and
+    allocations on the way."""
+    from ..tvm_api import tvm
+
+    tirx = tvm.tirx
+    total = 0
+    stack = [(stmt, 1)]
+    while stack:
+        node, mult = stack.pop()
+        if node is None:
+            continue
+        if isinstance(node, tirx.While):
+            raise SpecError("while loops are not allowed", field=FIELD)
+        if isinstance(node, tirx.For):
+            mult *= max(_const(node.extent, "every loop extent"), 0)
+        keys = [str(k) for k in (getattr(node, "annotations", None) or {})]
+        if isinstance(node, tirx.AttrStmt):
+            keys.append(str(node.attr_key))
+        if any(k.startswith("pragma") for k in keys):  # pragma_import_llvm links LLVM IR text
+            raise SpecError(f"pragma annotations are not allowed: {keys}", field=FIELD)
+        if isinstance(node, tirx.AllocBuffer | tirx.DeclBuffer):
+            _check_buffer(node.buffer, get_settings().max_tensor_elements)
+        for buf in getattr(node, "alloc_buffers", None) or ():
+            _check_buffer(buf, get_settings().max_tensor_elements)
+        children = list(getattr(node, "seq", None) or ())
+        children += [getattr(node, a, None) for a in ("block", "init", "body", "then_case",
+                                                      "else_case")]
+        children = [c for c in children if c is not None]
+        if not children:
+            total += mult
+            if total > limit:
+                raise SpecError(f"the loops run more than {limit:.3g} iterations (max_ops)",
+                                field=FIELD)
+        stack.extend((c, mult) for c in children)
+    return total
+
+
+def _flops(mod: Any, iterations: int) -> int:
+    from ..tvm_api import tvm
+
+    try:
+        return int(round(float(tvm.s_tir.analysis.estimate_tir_flops(mod))))
+    except Exception:  # the estimator rejects some constructs: fall back to iterations
+        return iterations
+
+
+def parse_tir(spec: dict[str, Any]) -> ParsedTir:
+    from ..tvm_api import structural_hash, tvm
+
+    unknown = sorted(set(spec) - {"op", "tvmscript", "num_outputs"})
+    if unknown:
+        raise SpecError(f"unknown field(s) {', '.join(unknown)} for op tir (fields: op, "
+                        "tvmscript, num_outputs)", field=unknown[0])
+    if "tvmscript" not in spec:
+        raise SpecError("op tir needs the TVMScript text of one @T.prim_func", field=FIELD)
+    nout = 1 if spec.get("num_outputs") is None else spec["num_outputs"]
+    if not is_int(nout) or int(nout) < 1:
+        raise SpecError(f"must be a positive integer, got {nout!r}", field="num_outputs")
+    nout = int(nout)
+    func = parse_tvmscript(spec["tvmscript"])
+    bad_attrs = sorted(set(func.attrs.keys()) - ALLOWED_FUNC_ATTRS) if func.attrs else []
+    if bad_attrs:
+        raise SpecError(f"function attribute(s) {', '.join(bad_attrs)} not allowed (allowed: "
+                        f"{', '.join(sorted(ALLOWED_FUNC_ATTRS))})", field=FIELD)
+    if nout > len(func.params):
+        raise SpecError(f"num_outputs={nout} but the function has {len(func.params)} parameters",
+                        field="num_outputs")
+    args: list[ArgSpec] = []
+    for name, shape, dtype in param_buffers(func):
+        if dtype not in SUPPORTED_DTYPES:
+            raise SpecError(f"buffer {name} has dtype {dtype}; supported: "
+                            f"{', '.join(SUPPORTED_DTYPES)}", field=FIELD)
+        args.append((name, tuple(shape), dtype))
+    limits = get_settings()
+    iterations = _count_iterations(func.body, int(limits.max_ops))
+    mod = tvm.IRModule({"main": func})
+    try:
+        tvm.s_tir.analysis.OOBChecker()(mod)
+    except Exception as exc:  # ScheduleError "... Error message: Out of bounds memory access ..."
+        msg = next((ln.split("Error message:", 1)[1].strip() for ln in str(exc).splitlines()
+                    if "Error message:" in ln), "a buffer access may be out of bounds")
+        raise SpecError(f"out-of-bounds check failed: {msg}"[:300], field=FIELD) from None
+    flops = _flops(mod, iterations)
+    if flops > limits.max_ops:
+        raise SpecError(f"{flops:.3g} operations exceed the limit {limits.max_ops:.3g}",
+                        field=FIELD)
+    canon = {"op": "tir", "tvmscript": spec["tvmscript"], "num_outputs": nout}
+    key = f"tir-{structural_hash(mod):016x}"
+    return ParsedTir(canon, func, key, args, flops, _description(spec["tvmscript"], args, nout),
+                     _tolerance(args[-nout:], flops))
+
+
+def _description(text: str, args: list[ArgSpec], nout: int) -> str:
+    import ast
+
+    name = next((n.name for n in ast.parse(text).body if isinstance(n, ast.FunctionDef)), "main")
+
+    def fmt(a: ArgSpec) -> str:
+        return f"{a[0]}[{','.join(str(d) for d in a[1])}] {a[2]}"
+
+    ins = ", ".join(fmt(a) for a in args[:len(args) - nout])
+    outs = ", ".join(fmt(a) for a in args[len(args) - nout:])
+    return f"tir {name}({ins}) -> {outs}"
+
+
+def _tolerance(outs: list[ArgSpec], flops: int) -> tuple[float, float]:
+    floats = [dt for _, _, dt in outs if dt.startswith("float")]
+    if not floats:
+        return 0.0, 0.0
+    out_elems = sum(math.prod(shape) for _, shape, _ in outs)
+    reduction = max(1, flops // max(1, 2 * out_elems))
+    worst = "float16" if "float16" in floats else ("float32" if "float32" in floats else "float64")
+    return float_tolerance(worst, reduction)
+
+
+def run_reference(mod: Any, args: list[ArgSpec], inputs: list[np.ndarray]) -> list[np.ndarray]:
+    """Build `mod` unscheduled for {"kind": "llvm"}, run it on `inputs`, return the outputs."""
+    from ..tvm_api import tvm
+
+    ex = tvm.compile(mod, target={"kind": "llvm"})
+    dev = tvm.cpu()
+    outs = [tvm.runtime.tensor(np.zeros(shape, dtype=dt), dev) for _, shape, dt in
+            args[len(inputs):]]
+    ex["main"](*[tvm.runtime.tensor(np.ascontiguousarray(x), dev) for x in inputs], *outs)
+    return [o.numpy() for o in outs]
+
+
+class TirOpDef(OpDef):
+    """The registry entry of `tir`: fields tvmscript and num_outputs instead of shape/dtype."""
+
+    @property
+    def fields(self) -> tuple[str, ...]:
+        return ("op", "tvmscript", "num_outputs")
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "op": self.name,
+            "doc": self.doc,
+            "fields": {
+                "tvmscript": {"doc": "TVMScript text of one @T.prim_func",
+                              "limit_bytes": get_settings().max_tvmscript_bytes},
+                "num_outputs": {"doc": "how many trailing parameters are outputs",
+                                "default": 1},
+            },
+            "inputs": list(self.inputs_doc),
+            "outputs": list(self.outputs_doc),
+            "example": self.example(),
+        }
+
+    def example(self) -> dict[str, Any]:
+        return {"op": "tir", "tvmscript": TIR_EXAMPLE, "num_outputs": 1}
+
+    def prim_func(self, spec: dict[str, Any]) -> Any:
+        return parse_tir(spec).func
+
+
+TIR_EXAMPLE = (
+    "from tvm.script import tirx as T\n\n"
+    "@T.prim_func(s_tir=True)\n"
+    "def scale(A: T.Buffer((16, 16), \"float32\"), B: T.Buffer((16, 16), \"float32\")):\n"
+    "    T.func_attr({\"tirx.noalias\": True})\n"
+    "    for i, j in T.grid(16, 16):\n"
+    "        with T.sblock(\"B\"):\n"
+    "            vi, vj = T.axis.remap(\"SS\", [i, j])\n"
+    "            B[vi, vj] = A[vi, vj] * T.float32(2)\n"
+)
+
+TIR = TirOpDef(
+    name="tir", shape_doc="(none: shapes come from the buffer parameters of the TVMScript)",
+    shape_names=(), default_dtype=None, dtypes=SUPPORTED_DTYPES,
+    doc="An arbitrary PrimFunc as TVMScript text ('from tvm.script import tirx as T' is "
+        "optional). Fields: tvmscript (the text of one @T.prim_func whose parameters are "
+        "T.Buffer with constant shapes), num_outputs (default 1: the last num_outputs "
+        "parameters are outputs). Only plain TIR is accepted (no extern/packed calls, no raw "
+        "pointers, no while loops, no out-of-bounds accesses). flops from TVM's "
+        "estimate_tir_flops; the reference runs the unscheduled function on the CPU.",
+    inputs_doc=("the first len(params) - num_outputs parameters",),
+    outputs_doc=("the last num_outputs parameters",),
+)

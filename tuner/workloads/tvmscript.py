@@ -1,0 +1,305 @@
+"""Vetting of untrusted TVMScript text BEFORE it reaches TVM's parser.
+
+The TVMScript parser evaluates Python expressions (shapes, decorator arguments, call arguments)
+with Python's `eval`, builtins included: `T.Buffer((__import__("os").system("..."),), ...)` would
+run. So the text is first checked with Python's `ast` against an allowlist:
+
+* size (`max_tvmscript_bytes`), node count (`max_tvmscript_nodes`) and nesting depth limits;
+* exactly one top-level function, decorated with `@T.prim_func` or `@T.prim_func(s_tir=...)`,
+  optionally preceded by `from tvm.script import tirx as T` (the only import allowed);
+* only statement/expression node types that plain TIR needs (no lambda, comprehension, class,
+  global/nonlocal, async/await/yield, try/raise/del, starred calls, walrus, f-strings, `**`);
+* no name or attribute starting with `_`; names must be `T`, a few builtins (range, len, min,
+  max, int, float) or names bound by the function itself; shadowing reserved names is refused;
+* calls only to allowlisted `T.*` functions (nothing that calls external or packed functions,
+  takes raw pointers, or expands macros) and the builtins above; no `data=` keyword (aliasing);
+* short string constants, bounded integers, `<<` only by a small constant, no operators on
+  sequence or string literals, `range()` only as a for-loop iterable (memory / CPU bombs);
+* no string starting with "pragma" (a loop annotation `pragma_import_llvm` links LLVM IR text
+  into the reference build).
+
+Then the text is parsed with `tuner.tvm_api.prim_func_from_tvmscript` (the optional import line
+blanked out: TVM 0.27's parser refuses imports in source strings and supplies `T` itself);
+parser errors become `SpecError(field="tvmscript")` with the first meaningful line of the
+message, and every parameter must be a compact T.Buffer with a constant shape within
+`max_tensor_elements`. `tir.py` checks the parsed function further (loops, allocations,
+function attrs, pragmas, out-of-bounds accesses).
+"""
+
+from __future__ import annotations
+
+import ast
+import math
+import re
+from typing import Any
+
+from ..config import get_settings
+from ..errors import SpecError
+from .tvmscript_rules import (
+    ALLOWED_BUILTINS, DECORATOR_KWARGS, FIELD, MAX_AST_DEPTH, MAX_INT, MAX_STRING_CHARS, NICE,
+    NODES, RESERVED_NAMES, T_ATTRS, T_SUBATTRS, VALUE_ATTRS,
+)
+
+
+def _fail(msg: str, node: ast.AST | None = None) -> SpecError:
+    line = getattr(node, "lineno", None)
+    return SpecError(f"line {line}: {msg}" if line else msg, field=FIELD)
+
+
+def _is_import_t(node: ast.stmt) -> bool:
+    return (isinstance(node, ast.ImportFrom) and node.module == "tvm.script" and node.level == 0
+            and len(node.names) == 1 and node.names[0].name == "tirx"
+            and node.names[0].asname == "T")
+
+
+def _is_t_prim_func(node: ast.expr) -> bool:
+    return (isinstance(node, ast.Attribute) and node.attr == "prim_func"
+            and isinstance(node.value, ast.Name) and node.value.id == "T")
+
+
+def _check_limits(text: str) -> ast.Module:
+    limits = get_settings()
+    size = len(text.encode("utf-8", "surrogatepass"))
+    if size > limits.max_tvmscript_bytes:
+        raise _fail(f"text is {size} bytes; the limit is {limits.max_tvmscript_bytes}")
+    try:
+        tree = ast.parse(text, mode="exec")
+    except SyntaxError as exc:
+        raise _fail(f"syntax error: {exc.msg}", exc) from None
+    except (ValueError, RecursionError, MemoryError) as exc:
+        raise _fail(f"cannot parse: {type(exc).__name__}: {exc}") from None
+    count, depth, stack = 0, 0, [(tree, 1)]
+    while stack:
+        node, d = stack.pop()
+        count += 1
+        depth = max(depth, d)
+        if count > limits.max_tvmscript_nodes:
+            raise _fail(f"more than {limits.max_tvmscript_nodes} syntax nodes")
+        if d > MAX_AST_DEPTH:
+            raise _fail(f"nesting deeper than {MAX_AST_DEPTH} levels", node)
+        stack.extend((child, d + 1) for child in ast.iter_child_nodes(node))
+    return tree
+
+
+def _check_structure(tree: ast.Module) -> ast.FunctionDef:
+    body = list(tree.body)
+    if body and _is_import_t(body[0]):
+        body = body[1:]
+    for node in body:
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            raise _fail("the only import allowed is 'from tvm.script import tirx as T' "
+                        "(first line)", node)
+    funcs = [n for n in body if isinstance(n, ast.FunctionDef)]
+    if len(funcs) != 1 or len(body) != 1:
+        what = ", ".join(type(n).__name__ for n in body) or "nothing"
+        raise _fail(f"expected exactly one top-level function (a @T.prim_func); found {what}")
+    fn = funcs[0]
+    if len(fn.decorator_list) != 1:
+        raise _fail("the function must be decorated with @T.prim_func (and nothing else)", fn)
+    dec = fn.decorator_list[0]
+    if isinstance(dec, ast.Call) and _is_t_prim_func(dec.func):
+        if dec.args:
+            raise _fail("@T.prim_func takes no positional arguments", dec)
+        for kw in dec.keywords:
+            if kw.arg not in DECORATOR_KWARGS or not isinstance(kw.value, ast.Constant) \
+                    or not isinstance(kw.value.value, bool):
+                raise _fail(f"@T.prim_func(...) accepts only {sorted(DECORATOR_KWARGS)} "
+                            "with a True/False value", dec)
+    elif not _is_t_prim_func(dec):
+        raise _fail("the function must be decorated with @T.prim_func", fn)
+    a = fn.args
+    if a.posonlyargs or a.vararg or a.kwonlyargs or a.kwarg or a.defaults or a.kw_defaults:
+        raise _fail("parameters must be plain annotated names (no defaults, *args, **kwargs)", fn)
+    if not a.args:
+        raise _fail("the function has no parameters", fn)
+    return fn
+
+
+def _bound_names(fn: ast.FunctionDef) -> tuple[set[str], set[str]]:
+    """(names bound in the function, names bound to sequence/str literals)."""
+    bound = {arg.arg for arg in fn.args.args}
+    seqs: set[str] = set()
+    for node in ast.walk(fn):
+        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            bound.add(node.id)
+        if isinstance(node, ast.Assign | ast.AnnAssign) and _is_seq_literal(node.value):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            seqs |= {t.id for t in targets if isinstance(t, ast.Name)}
+    for name in bound:
+        if name.startswith("_") or name in RESERVED_NAMES:
+            raise _fail(f"the name {name!r} is reserved and cannot be bound")
+    return bound, seqs
+
+
+def _is_seq_literal(node: ast.AST | None) -> bool:
+    return isinstance(node, ast.List | ast.Tuple | ast.Dict) or (
+        isinstance(node, ast.Constant) and isinstance(node.value, str | bytes))
+
+
+def _attr_chain(node: ast.Attribute) -> list[str] | None:
+    """`T.axis.remap` -> ["T", "axis", "remap"]; None if not rooted at a Name."""
+    parts: list[str] = []
+    cur: ast.AST = node
+    while isinstance(cur, ast.Attribute):
+        parts.append(cur.attr)
+        cur = cur.value
+    if not isinstance(cur, ast.Name):
+        return None
+    return [cur.id, *reversed(parts)]
+
+
+def _check_t_chain(chain: list[str], node: ast.AST) -> None:
+    dotted = ".".join(chain)
+    if len(chain) == 2 and chain[1] in T_ATTRS:
+        return
+    if len(chain) == 3 and chain[2] in T_SUBATTRS.get(chain[1], ()):
+        return
+    raise _fail(f"{dotted} is not allowed (only plain TIR constructs are)", node)
+
+
+def _check_kind(node: ast.AST, fn: ast.FunctionDef) -> None:
+    """First pass: node types and underscore names, before anything else looks at the tree."""
+    if not isinstance(node, NODES) or (isinstance(node, ast.FunctionDef) and node is not fn):
+        what = NICE.get(type(node), type(node).__name__)
+        raise _fail(f"{what} not allowed in TVMScript workloads", node)
+    name = (node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute)
+            else node.arg if isinstance(node, ast.keyword | ast.arg) else None)
+    if name is not None and name.startswith("_"):
+        raise _fail(f"names starting with '_' are not allowed: {name}", node)
+
+
+def _check_node(node: ast.AST, bound: set[str], seqs: set[str], loop_iters: set[int]) -> None:
+    """Second pass: names, attributes, calls, constants and operators."""
+    if isinstance(node, ast.Name):
+        if isinstance(node.ctx, ast.Load) and node.id not in bound \
+                and node.id not in ALLOWED_BUILTINS and node.id != "T":
+            raise _fail(f"unknown name {node.id!r} (only T, {', '.join(sorted(ALLOWED_BUILTINS))}"
+                        " and names bound in the function are allowed)", node)
+    elif isinstance(node, ast.Attribute):
+        chain = _attr_chain(node)
+        if chain is None:
+            if node.attr not in VALUE_ATTRS:
+                raise _fail(f"attribute .{node.attr} is not allowed", node)
+        elif chain[0] == "T":
+            _check_t_chain(chain, node)
+        elif len(chain) > 2 or chain[1] not in VALUE_ATTRS:
+            raise _fail(f"attribute {'.'.join(chain)} is not allowed (only "
+                        f"{', '.join(sorted(VALUE_ATTRS))} of buffers and variables)", node)
+    elif isinstance(node, ast.Call):
+        f = node.func
+        if isinstance(f, ast.Name):
+            if f.id not in ALLOWED_BUILTINS:
+                raise _fail(f"calling {f.id!r} is not allowed (only T.* functions and "
+                            f"{', '.join(sorted(ALLOWED_BUILTINS))})", node)
+            if f.id == "range" and id(node) not in loop_iters:  # max(range(1 << 60)) would spin
+                raise _fail("range() is only allowed as the iterable of a for loop", node)
+        elif not (isinstance(f, ast.Attribute) and (_attr_chain(f) or [""])[0] == "T"):
+            raise _fail("only T.* functions and a few builtins may be called", node)
+        for kw in node.keywords:
+            if kw.arg is None:
+                raise _fail("**kwargs in calls is not allowed", node)
+            if kw.arg == "data":
+                raise _fail("the data= keyword (buffer aliasing) is not allowed", node)
+    elif isinstance(node, ast.Constant):
+        v = node.value
+        if isinstance(v, str) and len(v) > MAX_STRING_CHARS:
+            raise _fail(f"string constants are limited to {MAX_STRING_CHARS} characters", node)
+        if isinstance(v, str) and v.strip().lower().startswith("pragma"):
+            # e.g. a loop annotation "pragma_import_llvm" links LLVM IR text into the module
+            raise _fail(f"pragma annotations are not allowed: {v[:40]!r}", node)
+        if isinstance(v, bytes | complex) or v is Ellipsis:
+            raise _fail(f"{type(v).__name__} constants are not allowed", node)
+        if isinstance(v, int) and not isinstance(v, bool) and abs(v) > MAX_INT:
+            raise _fail("integer constant out of range", node)
+    elif isinstance(node, ast.BinOp):
+        if isinstance(node.op, ast.LShift) and not (
+                isinstance(node.right, ast.Constant) and isinstance(node.right.value, int)
+                and 0 <= node.right.value <= 64):
+            raise _fail("'<<' only by a constant between 0 and 64 (or use T.shift_left)", node)
+        if any(_is_seq_literal(s) or (isinstance(s, ast.Name) and s.id in seqs)
+               for s in (node.left, node.right)):
+            raise _fail("operators on lists, tuples, dicts or strings are not allowed", node)
+
+
+def vet_tvmscript(text: Any) -> str:
+    """Check untrusted TVMScript; return the text to hand to the parser (the optional import
+    line blanked out, since the parser supplies `T` and refuses imports). Raises SpecError."""
+    if not isinstance(text, str):
+        raise SpecError(f"must be a string of TVMScript, got {type(text).__name__}", field=FIELD)
+    if not text.strip():
+        raise SpecError("is empty", field=FIELD)
+    tree = _check_limits(text)
+    fn = _check_structure(tree)
+    for node in ast.walk(fn):
+        _check_kind(node, fn)
+    bound, seqs = _bound_names(fn)
+    loop_iters = {id(n.iter) for n in ast.walk(fn) if isinstance(n, ast.For)}
+    for node in ast.walk(fn):
+        _check_node(node, bound, seqs, loop_iters)
+    lines = text.splitlines()
+    first = tree.body[0]
+    if _is_import_t(first):
+        for i in range(first.lineno - 1, (first.end_lineno or first.lineno)):
+            lines[i] = ""
+    return "\n".join(lines) + "\n"
+
+
+_LOC = re.compile(r"-->\s*\S*?:(\d+):(\d+)")
+
+
+def first_error_line(exc: BaseException) -> str:
+    """The first meaningful line of a TVMScript parser error, with its line number."""
+    text = str(exc)
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    lines = [ln for ln in lines if not ln.startswith("note: run with")]
+    msg = next((ln for ln in lines if ln.startswith("error:")), lines[0] if lines else "")
+    msg = msg.removeprefix("error:").strip() or type(exc).__name__
+    loc = _LOC.search(text)
+    if loc:
+        msg = f"line {loc.group(1)}: {msg}"
+    return msg[:300]
+
+
+def parse_tvmscript(text: Any) -> Any:
+    """Vet, then parse untrusted TVMScript into a PrimFunc (global_symbol set to "main").
+    Every failure is a SpecError(field="tvmscript")."""
+    from ..tvm_api import prim_func_from_tvmscript
+
+    vetted = vet_tvmscript(text)
+    try:
+        func = prim_func_from_tvmscript(vetted)
+    except Exception as exc:  # DiagnosticError, TypeError, ValueError, ... from the parser
+        raise SpecError(f"TVMScript parser: {first_error_line(exc)}", field=FIELD) from None
+    check_params(func)
+    return func.with_attr("global_symbol", "main")
+
+
+def param_buffers(func: Any) -> list[tuple[str, list[int], str]]:
+    """(name, constant shape, dtype) of every parameter; SpecError unless each one is a compact
+    global T.Buffer with a constant shape. (In TVM 0.27 a PrimFunc has no buffer_map: buffer
+    parameters are Vars whose type is a BufferType.)"""
+    from ..tvm_api import tvm
+
+    out = []
+    for p in func.params:
+        if not isinstance(getattr(p, "ty", None), tvm.tirx.BufferType):
+            raise SpecError(f"parameter {p.name} is not a buffer: every parameter must be a "
+                            "T.Buffer with a constant shape", field=FIELD)
+        if not all(isinstance(d, tvm.tirx.IntImm) for d in p.shape):
+            raise SpecError(f"buffer {p.name} has a symbolic shape {list(p.shape)}; shapes "
+                            "must be constants", field=FIELD)
+        if len(p.strides) or not (isinstance(p.elem_offset, tvm.tirx.IntImm)
+                                  and int(p.elem_offset) == 0) or p.scope() != "global":
+            raise SpecError(f"buffer parameter {p.name} must be compact (no strides, no "
+                            "elem_offset, global scope)", field=FIELD)
+        out.append((str(p.name), [int(d) for d in p.shape], str(p.dtype)))
+    return out
+
+
+def check_params(func: Any) -> None:
+    limit = get_settings().max_tensor_elements
+    for name, dims, _ in param_buffers(func):
+        n = math.prod(dims)
+        if n > limit:
+            raise SpecError(f"buffer {name} {dims} has {n} elements; the limit "
+                            f"(max_tensor_elements) is {limit}", field=FIELD)

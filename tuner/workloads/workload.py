@@ -1,0 +1,124 @@
+"""`Workload`: a validated, keyed workload that can build its PrimFunc, inputs and reference."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..errors import SpecError
+from .base import ArgSpec, canonical_json
+from .ops import OPS
+
+
+@dataclass(frozen=True)
+class Workload:
+    """Build with `parse_spec` / `from_cli`, not directly.
+
+    key: canonical, identical in every process (`<op>-<sha256(canonical spec)[:16]>`, or
+    `tir-<structural hash>`); spec: canonical JSON-able spec with every default filled in
+    (`parse_spec(w.spec) == w`); flops: FLOP count (integer ops for int8).
+    """
+
+    key: str
+    op: str
+    spec: dict[str, Any]
+    flops: int
+    description: str
+    num_outputs: int
+    _arg_specs: tuple[ArgSpec, ...] = field(default=(), compare=False, repr=False)
+    _tolerance: tuple[float, float] = field(default=(0.0, 0.0), compare=False, repr=False)
+    _cache: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+    def __hash__(self) -> int:
+        return hash(self.key)
+
+    def __getstate__(self) -> dict[str, Any]:  # pickling drops the TVM objects
+        state = dict(self.__dict__)
+        state["_cache"] = {}
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+
+    @property
+    def num_inputs(self) -> int:
+        return len(self._arg_specs) - self.num_outputs
+
+    def spec_json(self) -> str:
+        return canonical_json(self.spec)
+
+    # --- TVM side ------------------------------------------------------------------------------
+
+    def prim_func(self) -> Any:
+        """The (cached) PrimFunc: params are inputs then outputs; global_symbol "main"."""
+        if "func" not in self._cache:
+            self._cache["func"] = OPS[self.op].prim_func(self.spec)
+        return self._cache["func"]
+
+    def mod(self) -> Any:
+        if "mod" not in self._cache:
+            from ..tvm_api import tvm
+
+            self._cache["mod"] = tvm.IRModule({"main": self.prim_func()})
+        return self._cache["mod"]
+
+    def shash(self) -> str:
+        """16 hex digits: the structural hash of `mod()` (what MetaSchedule keys on)."""
+        if "shash" not in self._cache:
+            from ..tvm_api import structural_hash
+
+            self._cache["shash"] = f"{structural_hash(self.mod()):016x}"
+        return self._cache["shash"]
+
+    # --- data ----------------------------------------------------------------------------------
+
+    def arg_specs(self) -> list[ArgSpec]:
+        """[(name, shape, dtype)] for every param: inputs then outputs."""
+        return list(self._arg_specs)
+
+    def make_inputs(self, seed: int = 0) -> list[np.ndarray]:
+        """Deterministic inputs: floats uniform in [-1, 1], uint* in [0, 256), int* in
+        [-128, 128), bool in {False, True}."""
+        rng = np.random.default_rng(seed)
+        out = []
+        for _, shape, dt in self._arg_specs[: self.num_inputs]:
+            if dt.startswith("float"):
+                a = rng.uniform(-1.0, 1.0, size=shape).astype(dt)
+            elif dt == "bool":
+                a = rng.integers(0, 2, size=shape).astype(bool)
+            elif dt.startswith("uint"):
+                a = rng.integers(0, 256, size=shape, dtype=np.int64).astype(dt)
+            else:
+                a = rng.integers(-128, 128, size=shape, dtype=np.int64).astype(dt)
+            out.append(a)
+        return out
+
+    def reference(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
+        """The expected outputs for `inputs`: numpy (independent of TVM) for the built-in ops;
+        for `tir` the unscheduled function built and run with TVM on this CPU."""
+        ins = self._arg_specs[: self.num_inputs]
+        if len(inputs) != len(ins):
+            raise SpecError(f"{self.op} takes {len(ins)} inputs, got {len(inputs)}",
+                            field="inputs")
+        for i, ((name, shape, dt), x) in enumerate(zip(ins, inputs, strict=True)):
+            if tuple(np.shape(x)) != tuple(shape):
+                raise SpecError(f"input {name} must have shape {list(shape)}, got "
+                                f"{list(np.shape(x))}", field=f"inputs[{i}]")
+        if self.op == "tir":
+            from .tir import run_reference
+
+            return run_reference(self.mod(), list(self._arg_specs),
+                                 [np.asarray(x, dtype=dt) for (_, _, dt), x in zip(ins, inputs)])
+        ref = OPS[self.op].reference
+        assert ref is not None
+        return ref(self.spec, list(inputs))
+
+    def tolerance(self) -> tuple[float, float]:
+        """(rtol, atol) for np.allclose(actual, reference): exact for integer outputs."""
+        return self._tolerance
+
+    def output_elements(self) -> int:
+        return sum(math.prod(s) for _, s, _ in self._arg_specs[self.num_inputs:])
