@@ -56,10 +56,19 @@ def _workload(op: str, shape: str | None, params: list[str] | None, tvmscript: P
     return from_cli(op, shape, kv)
 
 
-def _target(spec: str) -> dict[str, Any]:
+def _target(spec: str, *, runnable_here: bool = False) -> dict[str, Any]:
     from tuner import tvm_api as tv
+    from tuner.errors import TargetError
 
-    return tv.target_to_dict(tv.make_target(spec))
+    d = tv.target_to_dict(tv.make_target(spec))
+    if runnable_here:
+        host_triple = str(tv.tvm_ffi.get_global_func("target.llvm_get_system_triple")())
+        triple = d.get("mtriple", host_triple)
+        if d["kind"] != "llvm" or triple.split("-")[0] != host_triple.split("-")[0]:
+            raise TargetError(f"{json.dumps(d)} does not run on this machine ({host_triple}): "
+                              "local tuning measures here; use a worker on such a board",
+                              field="target")
+    return d
 
 
 def _fail(exc: TunefarmError) -> None:
@@ -84,7 +93,7 @@ def tune(
     space: Annotated[str, typer.Option(help="Search space (see schedules.registry).")] = "auto",
     batch_size: Annotated[int | None, typer.Option(min=1)] = None,
     early_stop: Annotated[int | None, typer.Option(min=1, help="Stop after N trials without a new best.")] = None,
-    seed: Annotated[int, typer.Option()] = 0,
+    seed: Annotated[int | None, typer.Option(help="Search seed (default TUNEFARM_SEED, else 0).")] = None,
     fresh: Annotated[bool, typer.Option(help="Start a new job instead of resuming the last one.")] = False,
     cache_flush: Annotated[bool | None, typer.Option(help="Flush CPU caches before every timed run.")] = None,
     db: DbOpt = None,
@@ -98,14 +107,15 @@ def tune(
     s = get_settings()
     try:
         wl = _workload(op, shape, param, tvmscript)
-        tgt = _target(target)
+        tgt = _target(target, runnable_here=True)
         threads = s.num_threads or int(tgt.get("num-cores") or 1)
         opts = MeasureOptions(min_repeat_ms=s.min_repeat_ms, repeats=s.repeats,
                               cache_flush=s.cache_flush if cache_flush is None else cache_flush,
                               build_timeout_s=s.build_timeout_s, run_timeout_s=s.run_timeout_s,
                               num_threads=threads)
         req = TuneRequest(workload=wl, target=tgt, trials=trials, device_key=device_key, space=space,
-                          batch_size=batch_size or s.batch_size, early_stop=early_stop, seed=seed,
+                          batch_size=batch_size or s.batch_size, early_stop=early_stop,
+                          seed=seed if seed is not None else (s.seed or 0),
                           fresh=fresh, options=opts)
         store = _store(db)
     except TunefarmError as exc:
@@ -165,7 +175,8 @@ def best(
     cv = f"{rec['cv'] * 100:.1f}%" if rec["cv"] is not None else "-"
     console.print(f"[bold]{wl.description}[/] on {json.dumps(rec['target'])} ({rec['device_key']})",
                   highlight=False)
-    console.print(f"best: {_fmt_s(rec['latency_s'])}  {rec['gflops']:.1f} GFLOPS  "
+    gf = f"{rec['gflops']:.1f} GFLOPS" if rec["gflops"] else "- GFLOPS"
+    console.print(f"best: {_fmt_s(rec['latency_s'])}  {gf}  "
                   f"(cv {cv}, trial {rec['trial_id']}, space {rec['space']})", highlight=False)
     console.print(rec["schedule_python"], markup=False, highlight=False, soft_wrap=True)
 

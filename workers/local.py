@@ -13,6 +13,7 @@ import json
 import logging
 import os
 import selectors
+import shutil
 import signal
 import socket
 import subprocess
@@ -62,7 +63,11 @@ class _Child:
         self._buf = b""
         self._sel = selectors.DefaultSelector()
         self._sel.register(r_fd, selectors.EVENT_READ)
-        self.read(START_TIMEOUT_S)  # {"phase": "ready"}
+        try:
+            self.read(START_TIMEOUT_S)  # {"phase": "ready"}
+        except BaseException:
+            self.kill()
+            raise
 
     def send(self, inp: MeasureInput) -> None:
         assert self.proc.stdin is not None
@@ -138,6 +143,7 @@ class LocalMeasurer:
 
     def __init__(self, *, worker_id: str | None = None, log_dir: Path | None = None) -> None:
         self.worker_id = worker_id or f"{socket.gethostname()}:{os.getpid()}:local"
+        self._own_log_dir = log_dir is None
         self._log_dir = Path(log_dir or tempfile.mkdtemp(prefix="tunefarm-sandbox-"))
         self._log_dir.mkdir(parents=True, exist_ok=True)
         self._child: _Child | None = None
@@ -191,7 +197,8 @@ class LocalMeasurer:
                 build_s = msg.get("build_s", build_s)
         except _Deadline:
             self._drop_child()
-            limit = {"building": (Invalidity.BUILD_TIMEOUT, inp.options.build_timeout_s),
+            limit = {"sending": (Invalidity.WORKER_LOST, SEND_TIMEOUT_S),
+                     "building": (Invalidity.BUILD_TIMEOUT, inp.options.build_timeout_s),
                      "running": (Invalidity.RUN_TIMEOUT, inp.options.run_timeout_s),
                      "preparing": (Invalidity.RUN_TIMEOUT, PREPARE_TIMEOUT_S)}
             inv, secs = limit.get(phase, (Invalidity.WORKER_LOST, PREPARE_TIMEOUT_S))
@@ -215,6 +222,8 @@ class LocalMeasurer:
         if self._child is not None:
             self._child.kill()
             self._child = None
+        if self._own_log_dir:
+            shutil.rmtree(self._log_dir, ignore_errors=True)
 
     def __enter__(self) -> LocalMeasurer:
         return self

@@ -66,8 +66,11 @@ def _check(outputs: list[np.ndarray], reference: list[np.ndarray], rtol: float,
     for idx, (got, ref) in enumerate(zip(outputs, reference, strict=True)):
         if got.shape != ref.shape:
             return False, math.inf, f"output {idx}: shape {got.shape} != reference {ref.shape}"
-        if not np.all(np.isfinite(got)) and np.all(np.isfinite(ref)):
-            return False, math.inf, f"output {idx}: non-finite values"
+        fin_got, fin_ref = np.isfinite(got), np.isfinite(ref)
+        if not np.array_equal(fin_got, fin_ref) or not np.array_equal(
+                got[~fin_ref], ref[~fin_ref], equal_nan=True):
+            return False, math.inf, f"output {idx}: non-finite values where the reference has none"
+        got, ref = got[fin_ref], ref[fin_ref]
         diff = np.abs(got.astype(np.float64) - ref.astype(np.float64))
         err = float(diff.max()) if diff.size else 0.0
         worst = max(worst, err)
@@ -108,8 +111,8 @@ def measure_one(inp: MeasureInput, prep: _Prepared, send: Any) -> MeasureResult:
         dev = tv.tvm.cpu(0)
         n_in = len(prep.inputs)
         args = [tv.tvm.runtime.tensor(a, dev) for a in prep.inputs]
-        for _, shape, dtype in prep.arg_specs[n_in:]:
-            args.append(tv.tvm.runtime.empty(shape, dtype, dev))
+        for _, shape, dtype in prep.arg_specs[n_in:]:  # zeroed, as the references assume
+            args.append(tv.tvm.runtime.tensor(np.zeros(shape, dtype), dev))
         rt_verify["main"](*args)  # warm-up, and the output we verify
         max_err = None
         if opts.verify:
@@ -126,7 +129,7 @@ def measure_one(inp: MeasureInput, prep: _Prepared, send: Any) -> MeasureResult:
                     for shape, dtype in tv.param_specs(kernel_mod)]
             rt["main"](*args)  # warm-up of the timed kernel
         if opts.cache_flush:
-            # number=1 so every timed run starts with cold caches (inputs flushed, output kept)
+            # number=1 so every timed run starts with cold caches (TVM flushes all args but the first)
             ev = rt.time_evaluator("main", dev, number=1, repeat=max(opts.repeats, 1),
                                    f_preproc="cache_flush_cpu_non_first_arg")
         else:
@@ -139,7 +142,23 @@ def measure_one(inp: MeasureInput, prep: _Prepared, send: Any) -> MeasureResult:
                          build_s=build_s, max_abs_err=max_err)
 
 
+def _die_with_parent() -> None:
+    """Linux: get SIGKILL when the parent dies, so a SIGKILLed tuner leaves no hanging kernel."""
+    try:
+        import ctypes
+        import signal
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # pragma: no cover - not Linux
+        pass
+
+
 def main(argv: list[str]) -> int:
+    parent = os.getppid()
+    _die_with_parent()
+    if os.getppid() != parent:  # the parent died before prctl took effect
+        return 1
     out = os.fdopen(int(argv[1]), "w", buffering=1)
 
     def send(msg: dict[str, Any]) -> None:

@@ -91,3 +91,49 @@ def test_cost_model_starts_from_the_targets_history(store: Store) -> None:
         assert len(rows) == 4 and all(len(r[1]) == 4 * FEATURE_DIM for r in rows)
         model = tuner._cost_model(_req({"op": "matmul", "shape": [48, 48, 48]}, 4), tref)
         assert model.size == 4
+
+
+class _FlakyMeasurer:
+    """Loses every other attempt (as a dead board would), then measures for real."""
+
+    def __init__(self, inner: LocalMeasurer, *, always_lose: bool = False) -> None:
+        self.inner, self.always_lose, self.calls = inner, always_lose, 0
+
+    def measure_one(self, inp: Any) -> Any:
+        from tuner.measure import MeasureResult
+
+        self.calls += 1
+        if self.always_lose or self.calls % 2 == 1:
+            return MeasureResult.failure(inp.trial_id, Invalidity.WORKER_LOST, "board went away")
+        return self.inner.measure_one(inp)
+
+
+def test_infrastructure_failures_are_retried_and_never_counted(store: Store) -> None:
+    spec = {"op": "matmul", "shape": [32, 32, 32]}
+    with LocalMeasurer() as m:
+        summary = Tuner(store, _FlakyMeasurer(m)).run(_req(spec, 3))
+    rows = store.records(job_id=summary.job_id)
+    lost = [r for r in rows if r.invalidity is Invalidity.WORKER_LOST]
+    real = [r for r in rows if r.invalidity is not Invalidity.WORKER_LOST]
+    assert len(real) == 3 and len(lost) == 3 and summary.trials_done == 3
+    assert len({r.trial_id for r in rows}) == 6  # a lost attempt never takes the trial's id
+    tref = store.target_by_key(summary.target_key)
+    assert tref is not None and len(store.training_rows(tref.id)) == 3
+
+
+def test_a_dead_farm_fails_the_job_instead_of_spinning(store: Store) -> None:
+    from tuner.errors import TunefarmError
+
+    spec = {"op": "matmul", "shape": [16, 16, 16]}
+    with LocalMeasurer() as m, pytest.raises(TunefarmError, match="worker_lost"):
+        Tuner(store, _FlakyMeasurer(m, always_lose=True)).run(_req(spec, 4))
+    (job,) = [store.get_job(r.job_id) for r in store.records()[:1]]
+    assert job is not None and job.state == JobState.FAILED
+
+
+def test_an_unknown_space_creates_no_job(store: Store) -> None:
+    from tuner.errors import SpecError
+
+    with LocalMeasurer() as m, pytest.raises(SpecError, match="unknown space"):
+        Tuner(store, m).run(_req({"op": "matmul", "shape": [16, 16, 16]}, 2, space="nope"))
+    assert store.count_records() == 0

@@ -14,9 +14,10 @@ import hashlib
 import json
 import logging
 import time
+import uuid
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 import numpy as np
@@ -25,6 +26,7 @@ from schedules.registry import space_generator
 from tuner import tvm_api as tv
 from tuner.db.models import JobState
 from tuner.db.store import NewRecord, Store
+from tuner.errors import TunefarmError
 from tuner.measure import Invalidity, MeasureInput, MeasureOptions, MeasureResult
 from tuner.search.costmodel import XGBCostModel
 from tuner.workloads import Workload
@@ -85,10 +87,18 @@ def trial_id(job_id: str, cand_hash: str) -> str:
     return hashlib.sha256(f"{job_id}|{cand_hash}".encode()).hexdigest()[:32]
 
 
+def gflops(flops: int, seconds: float | None) -> float | None:
+    return flops / seconds / 1e9 if seconds and flops else None
+
+
+MAX_LOST_IN_A_ROW = 3  # consecutive infrastructure failures before the job fails
+
+
 class Tuner:
     def __init__(self, store: Store, measurer: Measurer, *,
                  on_progress: Callable[[Progress], None] | None = None,
                  seed_top_k: int = 32, max_dup_batches: int = 8) -> None:
+        self._lost_in_a_row = 0
         self.store = store
         self.measurer = measurer
         self.on_progress = on_progress or (lambda p: None)
@@ -144,16 +154,17 @@ class Tuner:
     def run(self, req: TuneRequest) -> TuneSummary:
         t0 = time.monotonic()
         wid, tref, target = self._register(req)
+        space = space_generator(req.space, req.workload, target)  # a bad space: no job is created
         job = self._job(req, wid, tref)
-        counts: Counter[str] = Counter(r.invalidity for r in self.store.records(job_id=job.id))
-        done = sum(n for inv, n in counts.items() if inv != Invalidity.WORKER_LOST)
+        done = sum(1 for r in self.store.records(job_id=job.id)
+                   if r.invalidity != Invalidity.WORKER_LOST)
         best = (self.store.best(wid, tref.id, k=1) or [None])[0]
         flops = req.workload.flops
 
         def report(last: MeasureResult | None = None, message: str = "") -> None:
             best_s = best.median_s if best is not None else None
-            self.on_progress(Progress(job.id, done, req.trials, best_s,
-                                      flops / best_s / 1e9 if best_s else None, last, message))
+            self.on_progress(Progress(job.id, done, req.trials, best_s, gflops(flops, best_s), last,
+                                      message))
 
         if done >= req.trials:
             self.store.set_job_state(job.id, JobState.SUCCEEDED)
@@ -166,14 +177,17 @@ class Tuner:
         stop = "budget reached"
         try:
             mod = req.workload.mod()
-            ctx = tv.tune_context(mod, target, space=space_generator(req.space, req.workload, target),
+            ctx = tv.tune_context(mod, target, space=space,
                                   strategy=tv.ms.search_strategy.EvolutionarySearch(),
                                   seed=req.seed, num_threads=max(1, req.options.num_threads))
             model = self._cost_model(req, tref)
             strategy = ctx.search_strategy
+            memdb = self._memory_db(wid, tref, mod, target)
+            args_info = tv.ms.arg_info.ArgInfo.from_prim_func(mod["main"])
+            token = memdb.commit_workload(mod)
             strategy.pre_tuning(max_trials=1 << 30, num_trials_per_iter=req.batch_size,
-                                design_spaces=ctx.generate_design_space(),
-                                database=self._memory_db(wid, tref, mod, target), cost_model=model)
+                                design_spaces=ctx.generate_design_space(), database=memdb,
+                                cost_model=model)
             measured = self.store.measured(wid, tref.id)
             best_at = done
             dup_batches = 0
@@ -194,24 +208,32 @@ class Tuner:
                     stop = "search keeps proposing measured candidates"
                     break
                 feats = model.features(ctx, [c for c, _ in fresh])
-                lats: list[float | None] = []
+                trained, lats, notified = [], [], []
                 for (c, h), x in zip(fresh, feats, strict=True):
-                    res = self._measure(req, job.id, c, h)
-                    self._commit(req, job.id, wid, tref.id, c, h, x, res)
+                    res = self._measure(req, job.id, c, h, wid, tref.id, x)
+                    if res.invalidity == Invalidity.WORKER_LOST:
+                        continue  # not measured: may come back, never trains the model
                     measured[h] = res
-                    counts[str(res.invalidity)] += 1
-                    if res.invalidity != Invalidity.WORKER_LOST:
-                        done += 1
-                        measured_now += 1
+                    done += 1
+                    measured_now += 1
+                    trained.append(x)
                     lats.append(res.median_s if res.ok else None)
-                    if res.ok and (best is None or res.median_s < best.median_s):
-                        best = _Best(res.trial_id, res.median_s)
-                        best_at = done
+                    notified.append(c)
+                    if res.ok:
+                        memdb.commit_tuning_record(tv.ms.database.TuningRecord(
+                            trace=c.sch.trace, workload=token, run_secs=[res.median_s],
+                            target=target, args_info=args_info))
+                        if best is None or res.median_s < best.median_s:
+                            best = _Best(res.trial_id, res.median_s)
+                            best_at = done
                     report(res)
-                model.add(feats, lats, group=wid)
-                model.fit()
+                    if req.early_stop and done - best_at >= req.early_stop:
+                        break
+                if trained:
+                    model.add(np.stack(trained), lats, group=wid)
+                    model.fit()
                 strategy.notify_runner_results(
-                    [c for c, _ in fresh],
+                    notified,
                     [tv.ms.runner.RunnerResult(run_secs=[lat or 1e10], error_msg=None) for lat in lats])
                 if req.early_stop and done - best_at >= req.early_stop:
                     stop = f"early stop: no new best in {req.early_stop} trials"
@@ -225,13 +247,27 @@ class Tuner:
         report(message=stop)
         return self._summary(job.id, req, tref, done, measured_now, dups, stop, t0, wid)
 
-    def _measure(self, req: TuneRequest, job_id: str, cand: Any, cand_hash: str) -> MeasureResult:
-        inp = MeasureInput(trial_id=trial_id(job_id, cand_hash), workload_key=req.workload.key,
+    def _measure(self, req: TuneRequest, job_id: str, cand: Any, cand_hash: str, wid: int,
+                 target_id: int, x: np.ndarray) -> MeasureResult:
+        """Measure and commit one candidate. An infrastructure failure is recorded under its own
+        attempt id (the trial id stays free for the real result) and retried once; too many in a
+        row fail the job instead of spinning."""
+        tid = trial_id(job_id, cand_hash)
+        inp = MeasureInput(trial_id=tid, workload_key=req.workload.key,
                            workload_spec=req.workload.spec, target=req.target,
                            trace_json=tv.trace_to_json(cand.sch.trace), options=req.options)
-        res = self.measurer.measure_one(inp)
-        if res.invalidity == Invalidity.WORKER_LOST:  # infrastructure: retry once in a fresh sandbox
+        for _attempt in range(2):
             res = self.measurer.measure_one(inp)
+            if res.invalidity != Invalidity.WORKER_LOST:
+                self._lost_in_a_row = 0
+                self._commit(req, job_id, wid, target_id, cand, cand_hash, x, res)
+                return res
+            lost = replace(res, trial_id=f"{tid[:20]}-lost-{uuid.uuid4().hex[:8]}")
+            self._commit(req, job_id, wid, target_id, cand, cand_hash, x, lost)
+            self._lost_in_a_row += 1
+            if self._lost_in_a_row >= MAX_LOST_IN_A_ROW:
+                raise TunefarmError(f"{self._lost_in_a_row} measurements in a row failed outside "
+                                    f"the kernel (worker_lost); last: {res.error_msg}")
         return res
 
     def _commit(self, req: TuneRequest, job_id: str, wid: int, target_id: int, cand: Any,
@@ -242,7 +278,7 @@ class Tuner:
             decisions=tv.trace_decisions(cand.sch.trace), latencies=list(res.latencies_s),
             median_s=res.median_s, cv=res.cv, invalidity=str(res.invalidity), error_msg=res.error_msg,
             worker=res.worker, build_s=res.build_s,
-            features=None if res.invalidity == Invalidity.WORKER_LOST else x.astype(np.float32).tobytes(),
+            features=x.astype(np.float32).tobytes(),
             tvm_version=tv.tvm_version())])
 
     def _summary(self, job_id: str, req: TuneRequest, tref: Any, done: int, measured_now: int,
@@ -254,7 +290,7 @@ class Tuner:
             measured_now=measured_now, skipped_duplicates=dups, stop_reason=stop,
             wall_s=time.monotonic() - t0, best_trial=best.trial_id if best else None,
             best_s=best.median_s if best else None,
-            best_gflops=req.workload.flops / best.median_s / 1e9 if best and best.median_s else None,
+            best_gflops=gflops(req.workload.flops, best.median_s) if best else None,
             counts=dict(counts))
 
 
