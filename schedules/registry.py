@@ -1,38 +1,81 @@
 """Which search spaces exist for a workload, and how to build them.
 
-"auto" is MetaSchedule's generated space (post-order-apply over the target's default schedule
-rules); it applies to any PrimFunc.
+- a template name (`schedules/<family>.py`, registered with `@register`): an expert space;
+- "auto": MetaSchedule's generated space (post-order-apply over the target's default rules), for
+  any PrimFunc;
+- "default": the first template that applies, else "auto".
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
+from schedules.base import Template
 from tuner.errors import SpecError
 
+TEMPLATES: dict[str, Template] = {}
 
-@dataclass(frozen=True)
-class SpaceInfo:
-    name: str
-    description: str
-
-
-SPACES: dict[str, SpaceInfo] = {
-    "auto": SpaceInfo("auto", "MetaSchedule's generated space: multi-level tiling, inlining, "
-                              "parallel/vectorize/unroll and the target's default rules"),
-}
+AUTO = {"name": "auto", "kind": "generated", "ops": ["*"],
+        "description": "MetaSchedule's generated space: multi-level tiling, inlining, "
+                       "parallel/vectorize/unroll and the target's default rules", "knobs": {}}
 
 
-def spaces_for(workload: Any) -> list[str]:
-    """Names of the spaces that apply to `workload`, preferred first."""
-    return ["auto"]
+def register(cls: type[Template]) -> type[Template]:
+    inst = cls()
+    if not inst.name or inst.name in TEMPLATES or inst.name in ("auto", "default"):
+        raise ValueError(f"bad or duplicate template name {inst.name!r}")
+    TEMPLATES[inst.name] = inst
+    return cls
+
+
+def _load() -> None:
+    # importing the families registers them
+    from schedules import families  # noqa: F401
+
+
+def space_names() -> list[str]:
+    _load()
+    return [*TEMPLATES, "auto", "default"]
+
+
+def spaces_for(workload: Any, target: Any) -> list[str]:
+    """Names of the spaces that apply to `workload` on `target`, preferred first."""
+    _load()
+    return [n for n, t in TEMPLATES.items() if t.applies(workload, target)] + ["auto"]
+
+
+def resolve(name: str, workload: Any, target: Any) -> str:
+    """The concrete space name: "default" becomes the preferred space; others are checked."""
+    _load()
+    if name == "default":
+        return spaces_for(workload, target)[0]
+    if name != "auto" and name not in TEMPLATES:
+        raise SpecError(f"unknown space {name!r}; known: {', '.join(space_names())}", field="space")
+    if name not in spaces_for(workload, target):
+        raise SpecError(f"space {name!r} does not apply to {workload.op} on this target; "
+                        f"applicable: {', '.join(spaces_for(workload, target))}", field="space")
+    return name
 
 
 def space_generator(name: str, workload: Any, target: Any) -> Any:
-    """The MetaSchedule SpaceGenerator (or its shorthand) for space `name`."""
-    if name not in SPACES:
-        raise SpecError(f"unknown space {name!r}; known: {', '.join(SPACES)}", field="space")
-    if name not in spaces_for(workload):
-        raise SpecError(f"space {name!r} does not apply to {workload.op}", field="space")
-    return "post-order-apply"
+    """The MetaSchedule SpaceGenerator (or its shorthand) for space `name` (already resolved)."""
+    name = resolve(name, workload, target)
+    if name == "auto":
+        return "post-order-apply"
+    return TEMPLATES[name].space(workload, target)
+
+
+def describe(name: str, workload: Any | None = None) -> dict[str, Any]:
+    """A space as JSON: its kind, the ops it serves, its knobs and their ranges."""
+    _load()
+    if name == "auto":
+        return dict(AUTO)
+    if name not in TEMPLATES:
+        raise SpecError(f"unknown space {name!r}; known: {', '.join(space_names())}", field="space")
+    return TEMPLATES[name].describe(workload)
+
+
+def describe_op(op: str) -> list[dict[str, Any]]:
+    """Every space that can serve `op` (templates first, then auto)."""
+    _load()
+    return [t.describe() for t in TEMPLATES.values() if op in t.ops] + [dict(AUTO)]

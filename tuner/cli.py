@@ -90,7 +90,8 @@ def tune(
     target: TargetOpt = "host",
     trials: Annotated[int, typer.Option(min=1, help="Trial budget of the job.")] = 64,
     device_key: Annotated[str, typer.Option(help="Board class measured on.")] = "local",
-    space: Annotated[str, typer.Option(help="Search space (see schedules.registry).")] = "auto",
+    space: Annotated[str, typer.Option(help="Search space: a template name, 'auto' (MetaSchedule's "
+                                            "generated space) or 'default' (the best that applies).")] = "default",
     batch_size: Annotated[int | None, typer.Option(min=1)] = None,
     early_stop: Annotated[int | None, typer.Option(min=1, help="Stop after N trials without a new best.")] = None,
     seed: Annotated[int | None, typer.Option(help="Search seed (default TUNEFARM_SEED, else 0).")] = None,

@@ -155,6 +155,8 @@ def _die_with_parent() -> None:
 
 
 def main(argv: list[str]) -> int:
+    import schedules.intrinsics  # noqa: F401 - tensor intrinsics that traces may tensorize with
+
     parent = os.getppid()
     _die_with_parent()
     if os.getppid() != parent:  # the parent died before prctl took effect

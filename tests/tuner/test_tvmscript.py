@@ -20,7 +20,7 @@ MM = '''from tvm.script import tirx as T
 @T.prim_func(s_tir=True)
 def mm(A: T.Buffer((32, 32), "float32"), B: T.Buffer((32, 32), "float32"),
        C: T.Buffer((32, 32), "float32")):
-    T.func_attr({"global_symbol": "mm", "tirx.noalias": True})
+    T.func_attr({"global_symbol": "mm", "tirx.noalias": True, "layout_free_buffers": [1]})
     for i, j, k in T.grid(32, 32, 32):
         with T.sblock("C"):
             vi, vj, vk = T.axis.remap("SSR", [i, j, k])

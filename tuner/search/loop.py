@@ -22,7 +22,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from schedules.registry import space_generator
+from schedules.registry import resolve, space_generator
 from tuner import tvm_api as tv
 from tuner.db.models import JobState
 from tuner.db.store import NewRecord, Store
@@ -44,7 +44,7 @@ class TuneRequest:
     target: dict[str, Any]  # canonical target dict (tuner.tvm_api.target_to_dict)
     trials: int
     device_key: str = "local"
-    space: str = "auto"
+    space: str = "default"  # a template name, "auto", or "default" (best that applies)
     batch_size: int = 16
     early_stop: int | None = None  # stop after this many measured trials without a new best
     seed: int = 0
@@ -154,7 +154,9 @@ class Tuner:
     def run(self, req: TuneRequest) -> TuneSummary:
         t0 = time.monotonic()
         wid, tref, target = self._register(req)
-        space = space_generator(req.space, req.workload, target)  # a bad space: no job is created
+        # a bad space fails here, before any job exists; the job is keyed by the resolved space
+        req = replace(req, space=resolve(req.space, req.workload, target))
+        space = space_generator(req.space, req.workload, target)
         job = self._job(req, wid, tref)
         done = sum(1 for r in self.store.records(job_id=job.id)
                    if r.invalidity != Invalidity.WORKER_LOST)

@@ -35,7 +35,10 @@ def _matmul_compute(spec: dict[str, Any]) -> list[Any]:
     a = te.placeholder((m, k), dt, name="A")
     b = te.placeholder((k, n), dt, name="B")
     r = te.reduce_axis((0, k), name="k")
-    c = te.compute((m, n), lambda i, j: te.sum(a[i, r] * b[r, j], axis=r), name="C")
+    # B is the weight (a model constant): layout-free, so a schedule may pack it at compile time,
+    # as topi marks dense's and batch_matmul's weights
+    c = te.compute((m, n), lambda i, j: te.sum(a[i, r] * b[r, j], axis=r), name="C",
+                   attrs={"layout_free_placeholders": [b]})
     return [a, b, c]
 
 
@@ -56,7 +59,8 @@ def _k_tolerance(spec: dict[str, Any]) -> tuple[float, float]:
 MATMUL = OpDef(
     name="matmul", shape_doc="M,N,K: A[M,K] x B[K,N] -> C[M,N]", shape_names=("M", "N", "K"),
     default_dtype="float32", dtypes=FLOAT_DTYPES,
-    doc="Matrix multiply C = A @ B (accumulates in the input dtype).",
+    doc="Matrix multiply C = A @ B with B a constant weight (layout-free: a schedule may pack it "
+        "at compile time); accumulates in the input dtype.",
     inputs_doc=("A[M,K]", "B[K,N]"), outputs_doc=("C[M,N]",),
     args=_matmul_args, compute=_matmul_compute, reference=_matmul_ref, flops=_mnk_flops,
     tolerance=_k_tolerance,

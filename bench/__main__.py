@@ -1,0 +1,72 @@
+"""`python -m bench --suite public --trials 64 [--only P1,P7] [--out bench/results] ...`
+
+Only the standard library is imported before the thread variables are set: TVM, OpenBLAS and
+OpenMP read them once, when they load.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m bench", description=(
+        "Tune every workload of a suite with tunefarm and with plain MetaSchedule (ms.tune_tir) "
+        "at the same trial budget, then time both best kernels, PyTorch and numpy in one "
+        "process, interleaved, checking every output. Writes results.json and results.md."))
+    p.add_argument("--suite", default="public",
+                   help="public, tiny, or a JSON file with a list of {id, title, spec, peak}")
+    p.add_argument("--trials", type=int, default=64, help="trial budget of each tuner (64)")
+    p.add_argument("--only", help="comma-separated workload ids, e.g. P1,P7")
+    p.add_argument("--out", default=str(REPO / "bench" / "results"),
+                   help="output directory (results.json, results.md, one folder per workload)")
+    p.add_argument("--rounds", type=int, default=5, help="timing rounds; the median is kept (5)")
+    p.add_argument("--min-ms", type=float, default=100.0,
+                   help="each timing repeats the call for at least this long (100)")
+    p.add_argument("--skip-ms", action="store_true", help="do not tune with plain MetaSchedule")
+    p.add_argument("--no-torch", action="store_true", help="do not time PyTorch")
+    p.add_argument("--reuse-tuning", action="store_true",
+                   help="reuse the tuning results saved in --out by an earlier run with the same "
+                        "--trials and target (time again without tuning again)")
+    p.add_argument("--threads", type=int, default=2,
+                   help="threads for TVM (tuning and timing), PyTorch and numpy (2)")
+    p.add_argument("--target", default="host",
+                   help='"host" (this CPU, num-cores = --threads) or a JSON target dict')
+    p.add_argument("--space", default="default", help="tunefarm's search space (default)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--peak-fp32", type=float, default=529.0, help="fp32 peak GFLOPS (529)")
+    p.add_argument("--peak-int8", type=float, default=2100.0, help="int8 peak GOPS (2100)")
+    args = p.parse_args(argv)
+    if args.trials < 1 or args.rounds < 1 or args.min_ms <= 0 or args.threads < 1:
+        p.error("--trials, --rounds, --threads must be >= 1 and --min-ms > 0")
+    return args
+
+
+def set_thread_env(threads: int) -> None:
+    loaded = [m for m in ("tvm", "numpy", "torch") if m in sys.modules]
+    if loaded:
+        print(f"warning: {', '.join(loaded)} already imported; thread settings may not apply",
+              file=sys.stderr)
+    for var in ("TVM_NUM_THREADS", "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ[var] = str(threads)
+    # MetaSchedule's popen workers unpickle bench.msbuild.fast_build: make `bench` importable
+    paths = [str(REPO), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+    os.environ["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    set_thread_env(args.threads)
+    from .run import run
+
+    return run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,102 @@
+"""PyTorch (CPU) and numpy implementations of the suite's ops, the natural call for each.
+
+Each factory takes the workload and its numpy inputs and returns (fn, note) where `fn()` computes
+the output (returned as an array or tensor), or None with a reason when the library has no such
+op. Inputs are converted once, outside the timed calls; `out=` is used where the library offers
+it (numpy.matmul, torch.matmul), as the TVM kernels also write into preallocated outputs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+Factory = tuple[Callable[[], Any] | None, str]
+
+
+def numpy_impl(wl: Any, inputs: list[np.ndarray]) -> Factory:
+    op, spec = wl.op, wl.spec
+    if op == "matmul":
+        a, b = inputs
+        c = np.empty((a.shape[0], b.shape[1]), a.dtype)
+        return (lambda: np.matmul(a, b, out=c)), "np.matmul(A, B, out=C)"
+    if op == "dense":
+        x, w = inputs
+        y = np.empty((x.shape[0], w.shape[0]), x.dtype)
+        return (lambda: np.matmul(x, w.T, out=y)), "np.matmul(X, W.T, out=Y)"
+    if op == "batch_matmul":
+        a, b = inputs
+        c = np.empty((a.shape[0], a.shape[1], b.shape[1]), a.dtype)
+        bt = b.transpose(0, 2, 1)
+        return (lambda: np.matmul(a, bt, out=c)), "np.matmul(A, B.transpose(0,2,1), out=C)"
+    if op == "dense_int8":
+        x, w = inputs
+        y = np.empty((x.shape[0], w.shape[0]), np.int32)
+        return ((lambda: np.matmul(x, w.T, dtype=np.int32, out=y)),
+                "np.matmul(X, W.T, dtype=int32): no BLAS for integers")
+    if op == "softmax":
+        (x,) = inputs
+
+        def softmax() -> np.ndarray:
+            e = np.exp(x - x.max(axis=-1, keepdims=True))
+            e /= e.sum(axis=-1, keepdims=True)
+            return e
+
+        return softmax, "exp(x - max) / sum, in the input dtype"
+    if op in ("conv2d", "depthwise_conv2d"):
+        return None, "numpy has no convolution"
+    return None, f"no numpy implementation of {op} ({spec.get('op')})"
+
+
+def torch_impl(wl: Any, inputs: list[np.ndarray], torch: Any) -> Factory:
+    import torch.nn.functional as F
+
+    op, spec = wl.op, wl.spec
+    t = [torch.from_numpy(np.ascontiguousarray(a)) for a in inputs]
+    if op == "matmul":
+        a, b = t
+        c = torch.empty((a.shape[0], b.shape[1]), dtype=a.dtype)
+        return (lambda: torch.matmul(a, b, out=c)), "torch.matmul(A, B, out=C)"
+    if op == "dense":
+        x, w = t
+        return (lambda: F.linear(x, w)), "torch.nn.functional.linear(X, W)"
+    if op == "batch_matmul":
+        a, b = t
+        bt = b.transpose(1, 2)
+        return (lambda: torch.bmm(a, bt)), "torch.bmm(A, B.transpose(1, 2))"
+    if op in ("conv2d", "depthwise_conv2d"):
+        if spec.get("layout", "NCHW") != "NCHW":
+            return None, f"layout {spec['layout']}: only NCHW is compared"
+        d, k = t
+        groups = d.shape[1] if op == "depthwise_conv2d" else 1
+        kw = {"stride": tuple(spec["stride"]), "padding": tuple(spec["padding"]),
+              "dilation": tuple(spec["dilation"]), "groups": groups}
+        name = "F.conv2d" + (f"(groups={groups})" if groups > 1 else "")
+        return (lambda: F.conv2d(d, k, **kw)), name
+    if op == "dense_int8":
+        return _torch_int8(t, torch)
+    if op == "softmax":
+        (x,) = t
+        return (lambda: torch.softmax(x, dim=-1)), "torch.softmax(x, dim=-1)"
+    return None, f"no PyTorch implementation of {op}"
+
+
+def _torch_int8(t: list[Any], torch: Any) -> Factory:
+    """u8 x s8 -> s32, exactly. torch 2.13's `torch._int_mm` accepts a uint8 left operand on CPU
+    (oneDNN u8s8s32). If it refuses, use s8 x s8 on X-128 plus the weight compensation
+    128*sum_k W[n,k] (precomputed once, like packed weights), which is also exact."""
+    x, w = t
+    wt = w.t()
+    try:
+        torch._int_mm(x[:1].expand(x.shape[0], -1).contiguous(), wt)
+        return (lambda: torch._int_mm(x, wt)), "torch._int_mm(X_u8, W.t()) -> int32"
+    except (RuntimeError, TypeError):
+        pass
+    comp = 128 * w.to(torch.int32).sum(dim=1)
+
+    def shifted() -> Any:
+        return torch._int_mm((x.to(torch.int16) - 128).to(torch.int8), wt) + comp
+
+    return shifted, "torch._int_mm(X_u8 - 128 as int8, W.t()) + 128*rowsum(W)"

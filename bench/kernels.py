@@ -1,0 +1,149 @@
+"""A tuned schedule as a timed TVM kernel, with weight packing split off and paid once.
+
+MetaSchedule's RewriteLayout postprocessor (and tunefarm templates that pack weights) put a
+block marked `meta_schedule.layout_rewrite_preproc` in front of the kernel: it copies a
+layout-free weight into the layout the kernel wants. Both tuners time candidates WITHOUT that
+block (`RemoveWeightLayoutRewriteBlock`: the kernel takes the weight pre-packed, as a compiled
+model with constant weights would), so the benchmark does the same, with real packed data:
+
+1. the scheduled PrimFunc is wrapped in a one-call relax function and relax's
+   `SplitLayoutRewritePreproc` (the pass TVM's own relax pipeline uses) splits it into
+   `<f>_weight_prepack` PrimFuncs (the preproc blocks) and `<f>_prepacked` (the kernel);
+2. every function is compiled; the prepack functions run once on the real weights;
+3. the kernel is timed on (inputs, packed weights) and its output is checked against the
+   workload's numpy reference, so what is timed is exactly what is verified.
+
+Without a preproc block step 1 leaves the function as it is and nothing is packed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+
+@dataclass
+class TvmKernel:
+    rt: Any  # runtime module of the timed kernel ("main")
+    args: list[Any]  # tvm tensors: kernel inputs (weights packed) then outputs
+    n_out: int
+    packed: list[dict[str, Any]] = field(default_factory=list)  # what was packed, for the JSON
+    prepack_s: float = 0.0
+
+    def __call__(self) -> None:
+        self.rt["main"](*self.args)
+
+    def outputs(self) -> list[np.ndarray]:
+        return [a.numpy() for a in self.args[-self.n_out:]]
+
+    def zero_outputs(self) -> None:
+        for a in self.args[-self.n_out:]:
+            a.copyfrom(np.zeros(a.shape, a.dtype))
+
+    def evaluator(self, number: int, min_ms: float) -> Any:
+        """Seconds per call, averaged over one run of >= min_ms (TVM grows `number` if needed)."""
+        from tuner import tvm_api as tv
+
+        ev = self.rt.time_evaluator("main", tv.tvm.cpu(0), number=number, repeat=1,
+                                    min_repeat_ms=int(np.ceil(min_ms)))
+        return lambda: float(ev(*self.args).mean)
+
+
+def _split(func: Any, wl: Any) -> tuple[Any, list[tuple[str, list[Any], Any]], Any]:
+    """(split IRModule, call steps [(callee name, arg vars, result var)], returned var)."""
+    from tuner import tvm_api as tv
+
+    relax = tv.tvm.relax
+    specs = wl.arg_specs()
+    n_in = wl.num_inputs
+    bb = relax.BlockBuilder()
+    params = [relax.Var(name, relax.TensorType(shape, dt)) for name, shape, dt in specs[:n_in]]
+    with bb.function("main", params):
+        gv = bb.add_func(func.without_attr("global_symbol"), "kernel")
+        outs = [relax.TensorType(shape, dt) for _, shape, dt in specs[n_in:]]
+        res = bb.emit(relax.call_tir(gv, params, outs[0] if len(outs) == 1 else outs))
+        bb.emit_func_output(res)
+    mod = relax.transform.SplitLayoutRewritePreproc()(bb.get())
+    main = mod["main"]
+    call_tir = tv.tvm.ir.Op.get("relax.call_tir")
+    steps: list[tuple[str, list[Any], Any]] = []
+    alias: dict[Any, Any] = {}
+    for block in main.body.blocks:
+        for b in block.bindings:
+            v = b.value
+            if isinstance(v, relax.Call) and v.op.same_as(call_tir):
+                args = [alias.get(a, a) for a in v.args[1].fields]
+                steps.append((v.args[0].name_hint, args, b.var))
+            elif isinstance(v, relax.Var):
+                alias[b.var] = alias.get(v, v)
+            else:
+                raise RuntimeError(f"unexpected binding after SplitLayoutRewritePreproc: {v}")
+    ret = main.body.body
+    return mod, steps, alias.get(ret, ret)
+
+
+def _compile(func: Any, target: Any) -> Any:
+    from tuner import tvm_api as tv
+
+    f = func.with_attr("global_symbol", "main")
+    return tv.compile_module(tv.tvm.IRModule({"main": f}), target)
+
+
+def prepare(sched_mod: Any, wl: Any, inputs: list[np.ndarray], target: Any) -> TvmKernel:
+    """Compile a scheduled module (a replayed best trace) into a timed kernel on `inputs`."""
+    import time
+
+    from tuner import tvm_api as tv
+
+    dev = tv.tvm.cpu(0)
+    specs = wl.arg_specs()
+    n_in = wl.num_inputs
+    mod, steps, ret = _split(sched_mod["main"], wl)
+    if not steps or not steps[-1][2].same_as(ret):
+        raise RuntimeError("the split program does not end with the kernel call")
+    main = mod["main"]
+    values: dict[Any, Any] = {p: tv.tvm.runtime.tensor(x, dev)
+                              for p, x in zip(main.params, inputs, strict=True)}
+    names = {p: name for p, (name, _, _) in zip(main.params, specs[:n_in], strict=True)}
+    packed: list[dict[str, Any]] = []
+    t0 = time.perf_counter()
+    for callee, args, var in steps[:-1]:  # weight packing: run once, not timed
+        func = mod[callee]
+        rt = _compile(func, target)
+        outs = [tv.tvm.runtime.empty(tuple(int(d) for d in p.shape), str(p.dtype), dev)
+                for p in func.params[len(args):]]
+        rt["main"](*[values[a] for a in args], *outs)
+        if len(outs) != 1:
+            raise RuntimeError(f"{callee}: expected one packed output, got {len(outs)}")
+        values[var] = outs[0]
+        src = [names.get(a, "?") for a in args]
+        packed.append({"function": callee, "from": src, "from_shape": [list(values[a].shape)
+                                                                       for a in args],
+                       "packed_shape": list(outs[0].shape), "dtype": str(outs[0].dtype)})
+    prepack_s = time.perf_counter() - t0
+    callee, args, _ = steps[-1]
+    kfunc = mod[callee]
+    rt = _compile(kfunc, target)
+    out_specs = specs[n_in:]
+    outs = [tv.tvm.runtime.tensor(np.zeros(shape, dt), dev) for _, shape, dt in out_specs]
+    kargs = [values[a] for a in args] + outs
+    if len(kargs) != len(kfunc.params):
+        raise RuntimeError(f"{callee} takes {len(kfunc.params)} params, got {len(kargs)}")
+    return TvmKernel(rt=rt, args=kargs, n_out=len(outs), packed=packed, prepack_s=prepack_s)
+
+
+def sched_mod_from_trace(wl: Any, trace_json: str) -> Any:
+    from tuner import tvm_api as tv
+
+    return tv.apply_trace(wl.mod(), trace_json).mod
+
+
+def cross_check_stripped(sched_mod: Any, kernel: TvmKernel) -> bool:
+    """True when the kernel's params match what the tuners timed (`strip_layout_rewrite`)."""
+    from tuner import tvm_api as tv
+
+    want = tv.param_specs(tv.strip_layout_rewrite(sched_mod))
+    got = [(tuple(int(d) for d in a.shape), str(a.dtype)) for a in kernel.args]
+    return want == got

@@ -1,0 +1,192 @@
+"""results.json and results.md: machine info, one row per workload, the suite's geometric mean."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import math
+import os
+import platform
+import subprocess
+from pathlib import Path
+from typing import Any
+
+VARIANTS = ("tunefarm", "metaschedule", "pytorch", "numpy")
+COLUMNS = ["workload", "tunefarm ms (GFLOPS)", "MS ms (GFLOPS)", "PyTorch", "numpy", "% of peak",
+           "tunefarm/MS", "tunefarm/PyTorch", "tuning s tunefarm / MS"]
+
+
+def _cpu() -> dict[str, Any]:
+    info: dict[str, Any] = {"logical_cpus": os.cpu_count(), "machine": platform.machine()}
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return info
+    for line in text.splitlines():
+        key, _, val = line.partition(":")
+        key, val = key.strip(), val.strip()
+        if key == "model name" and "model" not in info:
+            info["model"] = val
+        elif key == "cpu MHz" and "mhz" not in info:
+            info["mhz"] = float(val)
+        elif key == "flags" and "isa" not in info:
+            flags = set(val.split())
+            info["isa"] = [f for f in ("avx2", "fma", "avx512f", "avx512_vnni", "avx_vnni",
+                                       "avx512_bf16") if f in flags]
+    return info
+
+
+def _git(repo: Path) -> str | None:
+    try:
+        head = subprocess.run(["git", "-C", str(repo), "rev-parse", "--short", "HEAD"],
+                              capture_output=True, text=True, timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(repo), "status", "--porcelain"],
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return f"{head}{' (uncommitted changes)' if dirty else ''}" if head else None
+
+
+def machine_info(target: dict[str, Any], threads: int, torch: Any) -> dict[str, Any]:
+    import numpy as np
+
+    from tuner import tvm_api as tv
+
+    try:
+        blas = np.__config__.CONFIG["Build Dependencies"]["blas"]["name"]  # type: ignore[attr-defined]
+    except (AttributeError, KeyError, TypeError):
+        blas = None
+    return {
+        "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "host": platform.node(), "cpu": _cpu(), "threads": threads, "target": target,
+        "env": {k: os.environ.get(k) for k in ("TVM_NUM_THREADS", "OMP_NUM_THREADS",
+                                               "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")},
+        "versions": {"python": platform.python_version(), "tvm": tv.tvm_version(),
+                     "numpy": np.__version__, "numpy_blas": blas,
+                     "torch": getattr(torch, "__version__", None) if torch else None},
+        "tunefarm_git": _git(Path(__file__).resolve().parent.parent),
+        "loadavg_start": _loadavg(),
+    }
+
+
+def _loadavg() -> list[float] | None:
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        return None
+
+
+def _ms(s: float | None) -> str:
+    if s is None:
+        return "–"
+    ms = s * 1e3
+    return f"{ms:.0f}" if ms >= 100 else f"{ms:.1f}" if ms >= 10 else f"{ms:.2f}" if ms >= 1 \
+        else f"{ms:.3g}"
+
+
+def _gf(g: float | None) -> str:
+    return "" if g is None else f" ({g:.0f})" if g >= 10 else f" ({g:.1f})"
+
+
+def cell(v: dict[str, Any] | None, flops: int, show_gflops: bool = True) -> str:
+    if not v or v.get("status") in (None, "unavailable"):
+        return "–"
+    if v["status"] == "no valid kernel":
+        return "no valid kernel"
+    if v["status"] == "error":
+        return "error"
+    text = _ms(v["median_s"]) + (_gf(v.get("gflops")) if show_gflops else "")
+    return text if v["status"] == "ok" else f"**WRONG** {text}"
+
+
+def ratio(a: dict[str, Any] | None, b: dict[str, Any] | None) -> float | None:
+    """Latency ratio a/b (< 1: a is faster); None unless both ran and were checked correct."""
+    if not a or not b or a.get("status") != "ok" or b.get("status") != "ok":
+        return None
+    return a["median_s"] / b["median_s"] if a["median_s"] and b["median_s"] else None
+
+
+def geomean(xs: list[float]) -> float | None:
+    xs = [x for x in xs if x and x > 0]
+    return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else None
+
+
+def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    r = [w["ratios"]["tunefarm/metaschedule"] for w in rows if w.get("ratios")]
+    p = [w["ratios"]["tunefarm/pytorch"] for w in rows if w.get("ratios")]
+    g_ms = geomean([x for x in r if x is not None])
+    g_pt = geomean([x for x in p if x is not None])
+    return {"geomean_tunefarm_over_metaschedule": g_ms,
+            "n_tunefarm_over_metaschedule": sum(x is not None for x in r),
+            "geomean_tunefarm_over_pytorch": g_pt,
+            "n_tunefarm_over_pytorch": sum(x is not None for x in p),
+            "wrong_outputs": [f"{w['id']}:{k}" for w in rows
+                              for k, v in w.get("variants", {}).items()
+                              if v.get("status") == "WRONG"]}
+
+
+def _f(x: float | None, fmt: str = "{:.2f}") -> str:
+    return "–" if x is None else fmt.format(x)
+
+
+def markdown(doc: dict[str, Any]) -> str:
+    m, cfg = doc["machine"], doc["config"]
+    cpu, ver = m["cpu"], m["versions"]
+    lines = [f"# tunefarm benchmark: suite `{cfg['suite']}`, {cfg['trials']} trials", "",
+             f"Measured {m['date']} on {cpu.get('model', '?')} ({cpu.get('logical_cpus')} logical "
+             f"CPUs, ISA {', '.join(cpu.get('isa', []))}), {m['threads']} threads everywhere "
+             f"(TVM_NUM_THREADS={m['env']['TVM_NUM_THREADS']}, torch.set_num_threads, "
+             f"OPENBLAS_NUM_THREADS). Target `{json.dumps(m['target'])}`.",
+             f"{ver['tvm']}, numpy {ver['numpy']} ({ver['numpy_blas']}), torch {ver['torch']}, "
+             f"Python {ver['python']}; tunefarm {m['tunefarm_git']}. Load average at start "
+             f"{m['loadavg_start']}, at end {m.get('loadavg_end')}.", "",
+             f"Final timings: all variants in one process, interleaved, median of "
+             f"{cfg['rounds']} rounds, each timing >= {cfg['min_ms']:g} ms of repeated calls; "
+             f"every output checked against the workload's reference. Latency in ms (GFLOPS in "
+             f"brackets; int8 counts integer ops). Peak: fp32 {cfg['peak']['fp32']:g} GFLOPS, "
+             f"int8 {cfg['peak']['int8']:g} GOPS. Ratios are latency ratios (< 1: tunefarm is "
+             f"faster). Packed weights are excluded from the timed kernels (see bench/README.md).",
+             "", "| " + " | ".join(COLUMNS) + " |", "|---|" + "---:|" * (len(COLUMNS) - 1)]
+    for w in doc["workloads"]:
+        v, flops = w.get("variants", {}), w["flops"]
+        tf, ms = w.get("tuning", {}).get("tunefarm"), w.get("tuning", {}).get("metaschedule")
+        gfl = w.get("peak") is not None
+        tune = f"{_f(tf and tf.get('wall_s'), '{:.0f}')} / {_f(ms and ms.get('wall_s'), '{:.0f}')}"
+        pct = w.get("pct_of_peak")
+        lines.append("| " + " | ".join([
+            f"{w['id']} {w['title']}", cell(v.get("tunefarm"), flops, gfl),
+            cell(v.get("metaschedule"), flops, gfl), cell(v.get("pytorch"), flops, gfl),
+            cell(v.get("numpy"), flops, gfl), _f(pct, "{:.0f}%"),
+            _f(w["ratios"].get("tunefarm/metaschedule")),
+            _f(w["ratios"].get("tunefarm/pytorch")), tune]) + " |")
+    s = doc["summary"]
+    lines += ["", f"**Geometric mean of tunefarm/MS** over {s['n_tunefarm_over_metaschedule']} "
+                  f"workloads: {_f(s['geomean_tunefarm_over_metaschedule'], '{:.3f}')} "
+                  f"(tunefarm/PyTorch over {s['n_tunefarm_over_pytorch']}: "
+                  f"{_f(s['geomean_tunefarm_over_pytorch'], '{:.3f}')})."]
+    if s["wrong_outputs"]:
+        lines += ["", f"**WRONG OUTPUTS: {', '.join(s['wrong_outputs'])}** (see results.json)."]
+    notes = []
+    for w in doc["workloads"]:
+        for name, v in w.get("variants", {}).items():
+            why = v.get("reason") or v.get("check_error")
+            if v.get("status") in ("error", "no valid kernel", "WRONG") and why:
+                notes.append(f"- {w['id']} {name}: {v['status']}: {why}")
+            if v.get("packed"):
+                shapes = "; ".join(f"{p['from'][0]} {p['from_shape'][0]} -> {p['packed_shape']}"
+                                   for p in v["packed"])
+                notes.append(f"- {w['id']} {name}: weight pre-packed (not timed): {shapes}")
+        if w.get("error"):
+            notes.append(f"- {w['id']}: {w['error']}")
+    notes += [f"- {w['id']} pytorch: {w['variants']['pytorch']['note']}" for w in doc["workloads"]
+              if w.get("variants", {}).get("pytorch", {}).get("note")
+              and w["op"] == "dense_int8"]
+    if notes:
+        lines += ["", "Notes", *notes]
+    return "\n".join(lines) + "\n"
+
+
+def write(out: Path, doc: dict[str, Any]) -> None:
+    doc["summary"] = summarize(doc["workloads"])
+    (out / "results.json").write_text(json.dumps(doc, indent=1, default=str))
+    (out / "results.md").write_text(markdown(doc))

@@ -1,0 +1,151 @@
+"""Tuning one workload twice at the same trial budget: with tunefarm (`Tuner` + `LocalMeasurer`,
+a fresh SQLite database per workload) and with plain `ms.tune_tir` (a JSON database per
+workload). Both measure candidates with the same protocol (TVM `time_evaluator`, number=1,
+`repeats` runs of at least `min_repeat_ms`, the same threads), so wall times are comparable.
+
+Each returns a JSON-able summary whose `best_trace` (trace JSON, postprocessing included) is what
+the timing step replays; the summary is also written to the workload's directory so that
+`--reuse-tuning` can time again without tuning again.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+INVALID_S = 1e9  # MetaSchedule records a failed candidate with run_secs 1e10
+
+
+def _settings() -> Any:
+    from tuner.config import get_settings
+
+    return get_settings()
+
+
+def tune_tunefarm(wl: Any, target: dict[str, Any], trials: int, work_dir: Path, *,
+                  threads: int, space: str = "default", seed: int = 0,
+                  log: Callable[[str], None] = print) -> dict[str, Any]:
+    from schedules.registry import resolve
+    from tuner import tvm_api as tv
+    from tuner.db import Store
+    from tuner.errors import NotFound
+    from tuner.measure import MeasureOptions
+    from tuner.records import best_record
+    from tuner.search.loop import Progress, Tuner, TuneRequest
+    from workers.local import LocalMeasurer
+
+    s = _settings()
+    work_dir.mkdir(parents=True, exist_ok=True)
+    db_path = work_dir / "tunefarm.db"
+    for p in work_dir.glob("tunefarm.db*"):  # fresh: no history, no transfer from other runs
+        p.unlink()
+    opts = MeasureOptions(min_repeat_ms=s.min_repeat_ms, repeats=s.repeats,
+                          cache_flush=s.cache_flush, build_timeout_s=s.build_timeout_s,
+                          run_timeout_s=s.run_timeout_s, num_threads=threads, verify=True)
+    req = TuneRequest(workload=wl, target=target, trials=trials, space=space,
+                      batch_size=s.batch_size, seed=seed, fresh=True, options=opts)
+    resolved = resolve(space, wl, tv.make_target(target))
+    step = max(1, trials // 8)
+
+    def progress(p: Progress) -> None:
+        if p.last is not None and (p.done % step == 0 or p.done == p.total):
+            best = f"{p.best_s * 1e3:.4g} ms" if p.best_s else "-"
+            log(f"    tunefarm {p.done}/{p.total}  best {best}")
+
+    store = Store(f"sqlite:///{db_path}")
+    try:
+        t0 = time.monotonic()
+        with LocalMeasurer(log_dir=work_dir / "sandbox-logs") as measurer:
+            summary = Tuner(store, measurer, on_progress=progress).run(req)
+        wall = time.monotonic() - t0
+        try:
+            rec = best_record(store, wl, target)
+            trace = json.dumps(rec["trace"])
+        except NotFound:
+            trace = None
+    finally:
+        store.close()
+    counts = dict(summary.counts)
+    return {"tuner": "tunefarm", "space": resolved, "wall_s": wall, "trials": trials,
+            "trials_done": summary.trials_done, "valid": counts.get("ok", 0), "counts": counts,
+            "stop_reason": summary.stop_reason, "best_s_tuning": summary.best_s,
+            "best_trace": trace, "db": str(db_path)}
+
+
+def tune_metaschedule(wl: Any, target: dict[str, Any], trials: int, work_dir: Path, *,
+                      threads: int, seed: int = 0,
+                      log: Callable[[str], None] = print) -> dict[str, Any]:
+    from tuner import tvm_api as tv
+
+    from .msbuild import fast_build
+
+    ms = tv.ms
+    s = _settings()
+    ms_dir = work_dir / "metaschedule"
+    shutil.rmtree(ms_dir, ignore_errors=True)
+    ms_dir.mkdir(parents=True)
+    tgt = tv.make_target(target)
+    mod = wl.mod()
+    builder = ms.builder.LocalBuilder(f_build=fast_build, max_workers=1,
+                                      timeout_sec=s.build_timeout_s)
+    runner = ms.runner.LocalRunner(
+        timeout_sec=s.run_timeout_s,
+        evaluator_config=ms.runner.EvaluatorConfig(
+            number=1, repeat=s.repeats, min_repeat_ms=int(s.min_repeat_ms),
+            enable_cpu_cache_flush=s.cache_flush))
+    database = ms.database.JSONDatabase(work_dir=str(ms_dir))
+    log(f"    metaschedule: tune_tir, {trials} trials")
+    t0 = time.monotonic()
+    db = ms.tune_tir(mod=mod, target=tgt, work_dir=str(ms_dir), max_trials_global=trials,
+                     num_trials_per_iter=64, builder=builder, runner=runner, database=database,
+                     num_tuning_cores=threads, seed=seed)
+    wall = time.monotonic() - t0
+    records = db.get_all_tuning_records()
+
+    def secs(r: Any) -> float:
+        vals = [float(x) for x in (r.run_secs or [])]
+        return sum(vals) / len(vals) if vals else float("inf")
+
+    valid = [r for r in records if secs(r) < INVALID_S]
+    best = min(valid, key=secs) if valid else None
+    errors = _ms_errors(ms_dir) if best is None else []
+    return {"tuner": "metaschedule", "space": "post-order-apply (default rules)", "wall_s": wall,
+            "trials": trials, "trials_done": len(records), "valid": len(valid),
+            "counts": {"ok": len(valid), "failed": len(records) - len(valid)},
+            "stop_reason": "budget reached" if len(records) >= trials else "search ended",
+            "best_s_tuning": secs(best) if best is not None else None,
+            "best_trace": tv.trace_to_json(best.trace) if best is not None else None,
+            "db": str(ms_dir), "first_errors": errors}
+
+
+def _ms_errors(ms_dir: Path, n: int = 3) -> list[str]:
+    """A few distinct build/run error lines from MetaSchedule's task log (why nothing was valid)."""
+    seen: list[str] = []
+    for path in sorted((ms_dir / "logs").glob("*.log")):
+        for line in path.read_text(errors="replace").splitlines():
+            low = line.lower()
+            if ("error" in low or "failed" in low) and len(seen) < 50:
+                text = line.strip()[-240:]
+                if text not in seen:
+                    seen.append(text)
+    return seen[:n]
+
+
+def save_summary(work_dir: Path, name: str, summary: dict[str, Any]) -> None:
+    (work_dir / f"{name}.tuning.json").write_text(json.dumps(summary, indent=1))
+
+
+def load_summary(work_dir: Path, name: str, *, trials: int, target: dict[str, Any]
+                 ) -> dict[str, Any] | None:
+    """A saved summary of a run with the same budget and target, else None."""
+    path = work_dir / f"{name}.tuning.json"
+    if not path.is_file():
+        return None
+    data = json.loads(path.read_text())
+    if data.get("trials") != trials or data.get("target") != target:
+        return None
+    return data

@@ -1,0 +1,241 @@
+"""GEMM templates for 64-bit ARM (AArch64) CPUs, cross-compiled: NEON fp32 and int8 dot products.
+
+`dense-neon-aarch64` (fp32 `dense` X·Wᵀ and `matmul` A·B): a register-blocked NEON micro-kernel.
+
+- the weight of `dense` (a layout-free buffer: a model constant) is packed into [N/4, K, 4]
+  panels by a `meta_schedule.layout_rewrite_preproc` block: the 4 fp32 lanes of one q register
+  for one k are contiguous, and one panel is a single sequential stream along k. The panel width
+  is fixed (4 lanes), so the layout never depends on a knob. matmul's B[K, N] is already
+  contiguous along N and is read in place (it is not a layout-free buffer);
+- an mr × (nv·4) accumulator tile lives in registers (a `local` cache written back after the
+  whole reduction); per k step: mr scalars of X/A, nv 4-lane vectors of the weight, mr·nv `fmla
+  v.4s` (LLVM picks the by-element or the broadcast form);
+- knobs: M into [parallel, middle, mr ≤ 8], N/4 into [parallel, middle, nv ≤ 4], K into
+  [outer, unrolled ≤ 8], explicit unroll depth. The outer M×N tiles are fused and parallel.
+
+`dense-int8-sdot-aarch64` (`dense_int8`: X uint8 · W int8 → int32): the dot-product (SDOT family)
+micro-kernel. Which instruction is exact for uint8 × int8:
+
+- `sdot` (int8 × int8) would read X ≥ 128 as negative, `udot` (uint8 × uint8) would read W < 0 as
+  ≥ 128, so TVM's registered `dot_4x4_i8i8s32_sdot` / `dot_4x4_u8u8u32_udot` do not fit (and
+  tensorize refuses them: their description's dtypes differ from the workload's);
+- `usdot` (FEAT_I8MM, Armv8.6-A: unsigned × signed bytes, int32 accumulation, exact) is the one
+  instruction that computes exactly this op. TVM registers no usdot intrinsic, so this module
+  registers `dot_4x4_u8i8s32_usdot` (C[4] int32 += A[4] uint8 · B[4, 4] int8 with
+  `llvm.aarch64.neon.usdot.v4i32.v16i8(acc, u8x16, s8x16)`) and the template tensorizes with it;
+- so the template applies only to targets with `i8mm` (e.g. mcpu neoverse-n2 / neoverse-v1 or
+  mattr `+i8mm`). On a dotprod-only core such as Neoverse N1 there is no exact dot instruction for
+  uint8 × int8 (an sdot kernel needs X − 128 and a per-column correction, i.e. another compute, not
+  a schedule); there LLVM's own vectorizer emits exact `ushll/sshll + smlal` code and the
+  "auto" space serves the op. (LLVM also picks `usdot` on its own for a plain scalar k loop with
+  `+i8mm`, but then the reduction order and register blocking are LLVM's, not the template's.)
+
+The int8 weight is packed into [N/4, K/4, 4, 4] tiles (a `layout_rewrite_preproc` block): one
+16-byte tile = 4 output columns × 4 consecutive k, exactly the B operand of one `usdot`, which the
+intrinsic loads as one contiguous `int8x16` (tensorize does not check contiguity, the packing
+guarantees it). Knobs as for fp32: [parallel, middle, mr ≤ 8] rows, [parallel, middle, nv ≤ 4]
+4-column groups, K/4 into [outer, unrolled ≤ 8], unroll depth.
+
+Checked by compiling only (no ARM machine): tests/schedules/test_cross.py builds sampled traces
+for aarch64 and looks for `fmla v*.4s` / `usdot` in the assembly; the fp32 schedule and the int8
+loop nest without its tensorize step also run on the x86 host against numpy.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from schedules.base import Template
+from schedules.registry import register
+from tuner.tvm_api import tvm
+
+LANES = 4  # fp32 / int32 lanes of a 128-bit NEON register
+DOT_K = 4  # bytes per lane that one usdot reduces
+
+USDOT_INTRIN = "dot_4x4_u8i8s32_usdot"  # accumulator C in "global" scope
+USDOT_LOCAL_INTRIN = "dot_4x4_u8i8s32_usdot_local"  # accumulator C in "local" scope (registers)
+
+T = tvm.script.tirx
+
+
+def _usdot_intrin(acc_scope: str) -> tuple[Any, Any]:
+    """C[4] int32 += A[4] uint8 . B[4, 4] int8 (row i of B: output column i's 4 weights) as one
+    `usdot Vd.4s, Vn.16b, Vm.16b` (Vn unsigned, Vm signed; LLVM's operand order: acc, u8, s8)."""
+
+    @T.prim_func(s_tir=True)
+    def desc(a: T.handle, b: T.handle, c: T.handle) -> None:
+        A = T.match_buffer(a, (4,), "uint8", offset_factor=1)
+        B = T.match_buffer(b, (4, 4), "int8", offset_factor=1)
+        C = T.match_buffer(c, (4,), "int32", offset_factor=1, scope=acc_scope)
+        with T.sblock("root"):
+            T.reads(C[0:4], A[0:4], B[0:4, 0:4])
+            T.writes(C[0:4])
+            for i in T.serial(0, 4):
+                for k in T.serial(0, 4):
+                    with T.sblock("update"):
+                        vi, vk = T.axis.remap("SR", [i, k])
+                        C[vi] = C[vi] + T.Cast("int32", A[vk]) * T.Cast("int32", B[vi, vk])
+
+    @T.prim_func(s_tir=True)
+    def impl(a: T.handle, b: T.handle, c: T.handle) -> None:
+        A = T.match_buffer(a, (4,), "uint8", offset_factor=1)
+        B = T.match_buffer(b, (4, 4), "int8", offset_factor=1)
+        C = T.match_buffer(c, (4,), "int32", offset_factor=1, scope=acc_scope)
+        with T.sblock("root"):
+            T.reads(C[0:4], A[0:4], B[0:4, 0:4])
+            T.writes(C[0:4])
+            # one expression: named temporaries would become workspace allocations
+            C[T.ramp(T.int32(0), 1, 4)] = T.call_llvm_pure_intrin(
+                T.llvm_lookup_intrinsic_id("llvm.aarch64.neon.usdot.v4i32.v16i8"),
+                C.vload([0], dtype="int32x4"),
+                # the 4 bytes of A, broadcast to the 4 lanes (= the 4 output columns)
+                T.reinterpret(T.broadcast(T.reinterpret(A.vload([0], "uint8x4"), dtype="int32"), 4),
+                              dtype="uint8x16"),
+                B.vload([0, 0], dtype="int8x16"),  # 16 contiguous bytes: needs the packing
+                dtype="int32x4")
+
+    return desc, impl
+
+
+def register_intrinsics() -> None:
+    """Register the usdot intrinsics (idempotent). Done on import of this module; a process that
+    replays a trace of `dense-int8-sdot-aarch64` must have imported it."""
+    for name, scope in ((USDOT_INTRIN, "global"), (USDOT_LOCAL_INTRIN, "local")):
+        if tvm.s_tir.TensorIntrin.get(name, allow_missing=True) is None:
+            tvm.s_tir.TensorIntrin.register(name, *_usdot_intrin(scope))
+
+
+register_intrinsics()
+
+
+def is_aarch64(target: Any) -> bool:
+    triple = str(target.attrs.get("mtriple", "") or "")
+    return target.kind.name == "llvm" and triple.startswith(("aarch64", "arm64"))
+
+
+def has_feature(target: Any, feature: str) -> bool:
+    from tuner.tvm_api import tvm_ffi
+
+    return bool(tvm_ffi.get_global_func("target.llvm_cpu_has_feature")(feature, target))
+
+
+def _unroll_knob(sch: Any) -> None:
+    root = sch.get_sblock("root")
+    unroll = sch.sample_categorical(candidates=[0, 16, 64], probs=[0.2, 0.4, 0.4])
+    sch.annotate(root, "meta_schedule.unroll_explicit", unroll)
+
+
+def _pack_weight(sch: Any, blk: Any, index_map: Any) -> None:
+    """Read the weight (read buffer 1) through a packed copy in a layout-rewrite block."""
+    packed = sch.cache_read(blk, 1, "global")
+    sch.transform_layout(blk, ("read", 1), index_map)
+    sch.annotate(packed, "meta_schedule.layout_rewrite_preproc", True)
+
+
+@register
+class DenseNeonAarch64(Template):
+    name = "dense-neon-aarch64"
+    ops = ("dense", "matmul")
+    description = ("AArch64 NEON fp32 micro-kernel: mr x nv*4 accumulators in q registers "
+                   "(fmla .4s), dense weight packed in [N/4, K, 4] panels at compile time, "
+                   "parallel outer tiles")
+
+    def applies(self, workload: Any, target: Any) -> bool:
+        spec = workload.spec
+        return (workload.op in self.ops and spec.get("dtype") == "float32"
+                and is_aarch64(target) and has_feature(target, "neon")
+                and spec["shape"][1] % LANES == 0)
+
+    def knobs(self, workload: Any | None = None) -> dict[str, dict[str, Any]]:
+        return {
+            "tile_m": {"kind": "perfect_tile", "parts": 3, "max_innermost": 8,
+                       "doc": "M split into [parallel, middle, mr]; mr rows per micro-kernel"},
+            "tile_n": {"kind": "perfect_tile", "parts": 3, "max_innermost": 4, "of": "N/4",
+                       "doc": "N/4 vectors split into [parallel, middle, nv]; nv q registers "
+                              "per row"},
+            "tile_k": {"kind": "perfect_tile", "parts": 2, "max_innermost": 8,
+                       "doc": "K split into [outer, unrolled inner]"},
+            "unroll": {"kind": "categorical", "choices": [0, 16, 64],
+                       "doc": "explicit unroll depth (meta_schedule.unroll_explicit)"},
+        }
+
+    def apply(self, sch: Any, workload: Any, target: Any) -> None:
+        (blk,) = sch.get_child_blocks(sch.get_sblock("root"))
+        if workload.op == "dense":
+            _pack_weight(sch, blk, lambda j, k: (j // LANES, k, j % LANES))
+        _unroll_knob(sch)
+        i, j, k = sch.get_loops(blk)
+        i0, i1, i2 = sch.split(i, sch.sample_perfect_tile(i, n=3, max_innermost_factor=8))
+        jo, jl = sch.split(j, [None, LANES])
+        j0, j1, j2 = sch.split(jo, sch.sample_perfect_tile(jo, n=3, max_innermost_factor=4))
+        k0, k1 = sch.split(k, sch.sample_perfect_tile(k, n=2, max_innermost_factor=8))
+        sch.reorder(i0, j0, i1, j1, k0, k1, i2, j2, jl)
+        acc = sch.cache_write(blk, 0, "local")
+        sch.reverse_compute_at(acc, j1, preserve_unit_loops=True)
+        sch.parallel(sch.fuse(i0, j0))
+        sch.unroll(k1)
+        sch.unroll(i2)
+        sch.unroll(j2)
+        sch.vectorize(jl)
+        init = sch.decompose_reduction(blk, k0)
+        sch.vectorize(sch.get_loops(init)[-1])
+        _, wl = sch.split(sch.get_loops(acc)[-1], [None, LANES])
+        sch.vectorize(wl)
+
+
+def schedule_dense_int8(sch: Any, tensorize: bool = True) -> None:
+    """The `dense-int8-sdot-aarch64` schedule. `tensorize=False` leaves the 4x4 dot product as
+    scalar loops (same packing, tiling and loop order): that variant runs on any CPU, which is how
+    the tests check the indexing on x86."""
+    (blk,) = sch.get_child_blocks(sch.get_sblock("root"))
+    _pack_weight(sch, blk, lambda j, k: (j // LANES, k // DOT_K, j % LANES, k % DOT_K))
+    _unroll_knob(sch)
+    i, j, k = sch.get_loops(blk)
+    i0, i1, i2 = sch.split(i, sch.sample_perfect_tile(i, n=3, max_innermost_factor=8))
+    jo, j4 = sch.split(j, [None, LANES])
+    j0, j1, j2 = sch.split(jo, sch.sample_perfect_tile(jo, n=3, max_innermost_factor=4))
+    ko, k4 = sch.split(k, [None, DOT_K])
+    k0, k1 = sch.split(ko, sch.sample_perfect_tile(ko, n=2, max_innermost_factor=8))
+    sch.reorder(i0, j0, i1, j1, k0, k1, i2, j2, j4, k4)
+    acc = sch.cache_write(blk, 0, "local")
+    sch.reverse_compute_at(acc, j1, preserve_unit_loops=True)
+    sch.parallel(sch.fuse(i0, j0))
+    sch.unroll(k1)
+    sch.unroll(i2)
+    sch.unroll(j2)
+    init = sch.decompose_reduction(blk, k0)
+    sch.vectorize(sch.get_loops(init)[-1])
+    _, wl = sch.split(sch.get_loops(acc)[-1], [None, LANES])
+    sch.vectorize(wl)
+    if tensorize:
+        sch.tensorize(j4, USDOT_LOCAL_INTRIN)
+
+
+@register
+class DenseInt8SdotAarch64(Template):
+    name = "dense-int8-sdot-aarch64"
+    ops = ("dense_int8",)
+    description = ("AArch64 uint8 x int8 -> int32 dense tensorized with usdot (FEAT_I8MM, the "
+                   "exact mixed-sign member of the SDOT family): mr x nv int32x4 accumulators, "
+                   "weight packed in [N/4, K/4, 4, 4] tiles at compile time; needs +i8mm")
+
+    def applies(self, workload: Any, target: Any) -> bool:
+        n, k = workload.spec["shape"][1:]
+        return (workload.op in self.ops and is_aarch64(target) and has_feature(target, "i8mm")
+                and n % LANES == 0 and k % DOT_K == 0)
+
+    def knobs(self, workload: Any | None = None) -> dict[str, dict[str, Any]]:
+        return {
+            "tile_m": {"kind": "perfect_tile", "parts": 3, "max_innermost": 8,
+                       "doc": "M split into [parallel, middle, mr]; mr rows per micro-kernel"},
+            "tile_n": {"kind": "perfect_tile", "parts": 3, "max_innermost": 4, "of": "N/4",
+                       "doc": "N/4 column groups split into [parallel, middle, nv]; nv int32x4 "
+                              "accumulators per row"},
+            "tile_k": {"kind": "perfect_tile", "parts": 2, "max_innermost": 8, "of": "K/4",
+                       "doc": "K/4 usdot steps split into [outer, unrolled inner]"},
+            "unroll": {"kind": "categorical", "choices": [0, 16, 64],
+                       "doc": "explicit unroll depth (meta_schedule.unroll_explicit)"},
+        }
+
+    def apply(self, sch: Any, workload: Any, target: Any) -> None:
+        schedule_dense_int8(sch, tensorize=True)

@@ -1,0 +1,114 @@
+"""GEMM family on x86 with AVX-512 (fp32): matmul, dense (X·Wᵀ), batch_matmul (A·Bᵀ).
+
+The classic register-blocked micro-kernel:
+
+- the weight (B of matmul, W of dense, the second operand of batch_matmul: layout-free buffers,
+  i.e. model constants) is packed into [N/16, K, 16] panels by a
+  `meta_schedule.layout_rewrite_preproc` block, so each 16-lane vector of the micro-kernel is one
+  contiguous zmm load, k steps are 64 bytes apart (no 4 KiB-stride set conflicts in L1), and the
+  packing is paid once at compile time (the timed kernel takes the packed weight; relax's
+  SplitLayoutRewritePreproc does the same in a pipeline);
+- an mr × (nv·16) accumulator tile lives in registers (a `local` cache written back after the
+  whole reduction): mr rows broadcast from A/X, nv zmm vectors of the weight per k step;
+- knobs: the tiling of M into [outer, middle, mr], of N/16 into [outer, middle, nv], of K into
+  [outer, unroll]; loop order of the middle loops (two design spaces); explicit unroll depth.
+  The outer M×N tiles (and the batch) are fused and run in parallel.
+
+The layout never depends on a knob (traces replay with new decisions but fixed layouts).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from schedules.base import Template, is_x86
+from schedules.registry import register
+
+LANES = 16  # fp32 lanes of a zmm register
+
+
+@register
+class GemmX86(Template):
+    name = "gemm-x86"
+    ops = ("matmul", "dense", "batch_matmul")
+    description = ("register-blocked AVX-512 micro-kernel (mr x nv*16 accumulators), weight packed "
+                   "in [N/16, K, 16] panels at compile time, parallel outer tiles")
+
+    def applies(self, workload: Any, target: Any) -> bool:
+        spec = workload.spec
+        return (workload.op in self.ops and is_x86(target) and spec.get("dtype") == "float32"
+                and spec["shape"][-2] % LANES == 0)
+
+    def knobs(self, workload: Any | None = None) -> dict[str, dict[str, Any]]:
+        return {
+            "mr": {"kind": "categorical", "choices": [4, 8, 6, 2],
+                   "doc": "rows per micro-kernel (those dividing M)"},
+            "nv": {"kind": "categorical", "choices": [4, 2, 3, 1],
+                   "doc": "16-lane vectors per row of the micro-kernel (those dividing N/16)"},
+            "tile_m": {"kind": "perfect_tile", "parts": 2, "max_innermost": 64, "of": "M/mr",
+                       "doc": "M/mr split into [parallel, middle]"},
+            "tile_n": {"kind": "perfect_tile", "parts": 2, "max_innermost": 64, "of": "N/16/nv",
+                       "doc": "N/(16 nv) split into [parallel, middle]"},
+            "unroll_k": {"kind": "categorical", "choices": [4, 8, 2, 16],
+                         "doc": "K steps unrolled inside the micro-kernel (those dividing K)"},
+            "order": {"kind": "design_space", "choices": ["m-outer", "n-outer"],
+                      "doc": "order of the middle M and N loops"},
+            "unroll": {"kind": "categorical", "choices": [0, 16, 64],
+                       "doc": "explicit unroll depth (meta_schedule.unroll_explicit)"},
+        }
+
+    def apply(self, sch: Any, workload: Any, target: Any) -> list[Any]:
+        root = sch.get_sblock("root")
+        (blk,) = sch.get_child_blocks(root)
+        packed = sch.cache_read(blk, 1, "global")
+        if workload.op == "matmul":  # B[K, N]
+            sch.transform_layout(blk, ("read", 1), lambda k, j: (j // LANES, k, j % LANES))
+        elif workload.op == "dense":  # W[N, K]
+            sch.transform_layout(blk, ("read", 1), lambda j, k: (j // LANES, k, j % LANES))
+        else:  # B[b, N, K]
+            sch.transform_layout(blk, ("read", 1), lambda b, j, k: (b, j // LANES, k, j % LANES))
+        sch.annotate(packed, "meta_schedule.layout_rewrite_preproc", True)
+        unroll = sch.sample_categorical(candidates=[0, 16, 64], probs=[0.2, 0.4, 0.4])
+        sch.annotate(root, "meta_schedule.unroll_explicit", unroll)
+        spaces = []
+        for order in ("m-outer", "n-outer"):
+            s = sch.copy()
+            self._tile(s, s.get_child_blocks(s.get_sblock("root"))[-1], order)
+            spaces.append(s)
+        return spaces
+
+    @staticmethod
+    def _micro(sch: Any, loop: Any, extent: int, prefs: list[tuple[int, float]]) -> Any:
+        """Sample a micro-kernel size among the preferred sizes that divide `extent`."""
+        cands = [(v, p) for v, p in prefs if extent % v == 0] or [(1, 1.0)]
+        total = sum(p for _, p in cands)
+        return sch.sample_categorical(candidates=[v for v, _ in cands],
+                                      probs=[p / total for _, p in cands])
+
+    def _tile(self, sch: Any, blk: Any, order: str) -> None:
+        *batch, i, j, k = sch.get_loops(blk)
+        m, n16 = int(sch.get(i).extent), int(sch.get(j).extent) // LANES
+        # mr rows x nv vectors of accumulators: 4x4, 8x2, 4x3, ... fit the 32 zmm registers
+        mr = self._micro(sch, i, m, [(4, 0.45), (8, 0.3), (6, 0.1), (2, 0.15)])
+        nv = self._micro(sch, j, n16, [(4, 0.35), (2, 0.35), (3, 0.15), (1, 0.15)])
+        i_rest, i2 = sch.split(i, [None, mr])
+        i0, i1 = sch.split(i_rest, sch.sample_perfect_tile(i_rest, n=2, max_innermost_factor=64))
+        jo, jl = sch.split(j, [None, LANES])
+        j_rest, j2 = sch.split(jo, [None, nv])
+        j0, j1 = sch.split(j_rest, sch.sample_perfect_tile(j_rest, n=2, max_innermost_factor=64))
+        kk = int(sch.get(k).extent)
+        k0, k1 = sch.split(k, [None, self._micro(sch, k, kk, [(4, 0.4), (8, 0.3), (2, 0.2), (16, 0.1)])])
+        middle = [i1, j1] if order == "m-outer" else [j1, i1]
+        sch.reorder(*batch, i0, j0, *middle, k0, k1, i2, j2, jl)
+        acc = sch.cache_write(blk, 0, "local")
+        sch.reverse_compute_at(acc, middle[-1], preserve_unit_loops=True)
+        sch.parallel(sch.fuse(*batch, i0, j0))
+        sch.unroll(k1)
+        sch.unroll(i2)
+        sch.unroll(j2)
+        sch.vectorize(jl)
+        init = sch.decompose_reduction(blk, k0)
+        sch.vectorize(sch.get_loops(init)[-1])
+        wb = sch.get_loops(acc)[-1]
+        _, wl = sch.split(wb, [None, LANES])
+        sch.vectorize(wl)

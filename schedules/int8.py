@@ -1,0 +1,158 @@
+"""int8 dense with AVX512-VNNI on x86: `dense-int8-vnni`.
+
+    Y[M, N] int32 = X[M, K] uint8 . W[N, K]^T int8           (topi.nn.dense, out_dtype int32)
+
+The weight is packed INSIDE the program into a FIXED layout Wp[N/16, K/4, 16, 4] (cache_read of W
++ transform_layout), and that block is annotated `meta_schedule.layout_rewrite_preproc`: it is the
+compile-time packing of a constant weight (TVM's layout-free buffers, as MetaSchedule's
+RewriteLayout does). The sandbox times the kernel on the pre-packed weight and verifies the whole
+program, packing included. The layout never depends on a sampled knob: a trace replays
+`transform_layout` with its recorded index map, whatever the new tile decisions are.
+
+Every 16x4 tile Wp[j, k] is 64 contiguous bytes, the operand of one `vpdpbusd` (intrinsic
+`dot_16x4_vnni_llvm22`, schedules/intrinsics.py). Tensorizing the unpacked W would compile and run
+fast but be WRONG: tensorize does not check that a tile is contiguous (TVM_NOTES §4b).
+
+Loop nest (the micro-kernel keeps rows x accumulators zmm registers live across k1):
+
+    parallel over a prefix of (i0, j0)          <- knob "parallel": max parallel extent
+      k0                                        <- k blocking (k0 x k1 = K/4)
+        i1, j1  (or j1, i1: "order")
+          k1
+            i2 (unrolled)                       <- rows of the micro-kernel
+              j2 (unrolled)                     <- 16-lane accumulators per row
+                vpdpbusd (16 lanes x 4 k)
+
+Reduction decomposition, tensorization and the init's vectorization are done by the
+postprocessors (RewriteReductionBlock, RewriteTensorize) after parallel/unroll are applied, the
+order TVM requires.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from schedules.base import Template, is_x86
+from schedules.intrinsics import VNNI_16x4_LLVM22
+from schedules.registry import register
+
+LANES = 16  # int32 accumulators per zmm register
+GROUP = 4  # u8 x i8 products summed per lane by vpdpbusd
+MAX_ROWS = 8  # rows of the micro-kernel
+MAX_VECS = 8  # 16-lane accumulators per row
+PARALLEL = [2, 4, 8, 16, 64, 256]  # max extent of the fused parallel loop (2 cores)
+UNROLL = [0, 16, 64, 512]  # pragma_auto_unroll_max_step on the outer loops
+ORDERS = ("ij", "ji")  # order of the cache-block loops; one design space each
+PACKED = "packed weight Wp[N/16, K/4, 16, 4]"
+
+
+def has_vnni(target: Any) -> bool:
+    from tuner.tvm_api import tvm_ffi
+
+    return bool(tvm_ffi.get_global_func("target.llvm_cpu_has_feature")("avx512vnni", target))
+
+
+def pack_weight(sch: Any, block: Any) -> Any:
+    """cache_read the weight of `block` into the fixed packed layout and mark the copy as the
+    compile-time weight packing (dropped from the timed kernel by strip_layout_rewrite)."""
+    wp = sch.cache_read(block, 1, "global")
+    sch.transform_layout(wp, ("write", 0),
+                         lambda n, k: (n // LANES, k // GROUP, n % LANES, k % GROUP))
+    sch.annotate(wp, "meta_schedule.layout_rewrite_preproc", True)
+    return wp
+
+
+@register
+class DenseInt8VNNI(Template):
+    name = "dense-int8-vnni"
+    ops = ("dense_int8",)
+    description = ("uint8 x int8 -> int32 dense on AVX512-VNNI: weight packed once to "
+                   "[N/16, K/4, 16, 4] (layout-rewrite preproc, not timed), register-blocked "
+                   "micro-kernel of rows x 16-lane accumulators tensorized with vpdpbusd "
+                   f"({VNNI_16x4_LLVM22}), k blocking, parallel outer tiles. Needs N % 16 == 0 "
+                   "and K % 4 == 0.")
+    tensorize = True  # RewriteTensorize tensorizes the blockized 16x4 update, vectorizes the init
+
+    def applies(self, workload: Any, target: Any) -> bool:
+        if not super().applies(workload, target) or not has_vnni(target):
+            return False
+        _, n, k = workload.spec["shape"]
+        return n % LANES == 0 and k % GROUP == 0
+
+    def knobs(self, workload: Any | None = None) -> dict[str, dict[str, Any]]:
+        m = n = k = None
+        if workload is not None:
+            m, n, k = workload.spec["shape"]
+        return {
+            "rows": {"kind": "perfect_tile", "loop": "M", "extent": m, "n": 3,
+                     "max_innermost_factor": MAX_ROWS,
+                     "doc": "M = i0 x i1 x i2: i2 = rows of the micro-kernel, i1 = rows of a "
+                            "cache block, i0 = parallel row blocks"},
+            "vectors": {"kind": "perfect_tile", "loop": "N/16",
+                        "extent": None if n is None else n // LANES, "n": 3,
+                        "max_innermost_factor": MAX_VECS,
+                        "doc": "N/16 = j0 x j1 x j2: j2 = 16-lane int32 accumulators per row "
+                               "(i2 x j2 zmm registers live), j1 = column tiles of a cache "
+                               "block, j0 = parallel column blocks"},
+            "k_block": {"kind": "perfect_tile", "loop": "K/4",
+                        "extent": None if k is None else k // GROUP, "n": 2,
+                        "doc": "K/4 = k0 x k1: k1 = groups of 4 reduced per pass over the "
+                               "accumulators (k blocking), k0 = passes"},
+            "order": {"kind": "categorical", "choices": list(ORDERS),
+                      "doc": "order of the cache-block loops (i1 j1 or j1 i1); a structural "
+                             "choice, enumerated as one design space each"},
+            "parallel": {"kind": "categorical", "choices": PARALLEL,
+                         "doc": "max extent of the parallel loop fused from the outer spatial "
+                                "tiles (i0, j0): the parallel granularity"},
+            "unroll": {"kind": "categorical", "choices": UNROLL,
+                       "doc": "pragma_auto_unroll_max_step (explicit) on the outer loops; the "
+                              "micro-kernel's i2, j2 are always unrolled"},
+            "layout": {"kind": "fixed", "value": PACKED,
+                       "doc": "packed by a layout_rewrite_preproc block; fixed so that traces "
+                              "replay with any tile decisions"},
+        }
+
+    def apply(self, sch: Any, workload: Any, target: Any, order: str = "ij") -> None:
+        block = sch.get_sblock("T_matmul_NT")
+        pack_weight(sch, block)
+        i, j, k = sch.get_loops(block)
+        j, j16 = sch.split(j, [None, LANES])
+        k, k4 = sch.split(k, [None, GROUP])
+        k_extent = workload.spec["shape"][2] // GROUP
+        i0, i1, i2 = sch.split(i, sch.sample_perfect_tile(i, n=3, max_innermost_factor=MAX_ROWS))
+        j0, j1, j2 = sch.split(j, sch.sample_perfect_tile(j, n=3, max_innermost_factor=MAX_VECS))
+        k0, k1 = sch.split(k, sch.sample_perfect_tile(k, n=2, max_innermost_factor=k_extent))
+        mid = (i1, j1) if order == "ij" else (j1, i1)
+        sch.reorder(i0, j0, k0, *mid, k1, i2, j2, j16, k4)
+        sch.unroll(i2)
+        sch.unroll(j2)
+        # the 16x4 (j16, k4) tile becomes one block that RewriteTensorize maps onto vpdpbusd
+        inner = sch.blockize(j16)
+        sch.annotate(inner, "meta_schedule.auto_tensorize", VNNI_16x4_LLVM22)
+        root = sch.get_sblock("root")
+        sch.annotate(root, "meta_schedule.parallel",
+                     sch.sample_categorical(PARALLEL, [1.0 / len(PARALLEL)] * len(PARALLEL)))
+        sch.annotate(root, "meta_schedule.unroll_explicit",
+                     sch.sample_categorical(UNROLL, [1.0 / len(UNROLL)] * len(UNROLL)))
+
+    def mutators(self, target: Any) -> dict[Any, float]:
+        # MutateParallel rewrites a constant `meta_schedule.parallel` value (it fails on a sampled
+        # one); here the parallel extent is a sampled categorical, resampled with the population
+        from tuner.tvm_api import ms
+
+        return {ms.mutator.MutateTileSize(): 0.9, ms.mutator.MutateUnroll(): 0.1}
+
+    def space(self, workload: Any, target: Any) -> Any:
+        from tuner.tvm_api import ms
+
+        def sch_fn(sch: Any) -> list[Any]:
+            spaces = []
+            for order in ORDERS:
+                s = sch.copy()
+                self.apply(s, workload, target, order=order)
+                spaces.append(s)
+            return spaces
+
+        return ms.space_generator.ScheduleFn(sch_fn, sch_rules=[],
+                                             postprocs=self.postprocs(target),
+                                             mutator_probs=self.mutators(target))

@@ -1,0 +1,116 @@
+"""Every template: random points of its space build and compute the right answer; the registry
+describes spaces as JSON and picks the right one per workload and target."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import numpy as np
+import pytest
+
+from schedules import registry
+from tuner import tvm_api as tv
+from tuner.errors import SpecError
+from tuner.workloads import parse_spec
+
+X86 = tv.make_target({"kind": "llvm", "mcpu": "znver4", "num-cores": 2})
+
+# small shapes of each op that x86 templates serve
+SMALL = {
+    "matmul": [{"op": "matmul", "shape": [24, 48, 40]}, {"op": "matmul", "shape": [64, 32, 16]}],
+    "dense": [{"op": "dense", "shape": [16, 64, 24]}],
+    "batch_matmul": [{"op": "batch_matmul", "shape": [3, 8, 32, 20]}],
+    "dense_int8": [{"op": "dense_int8", "shape": [16, 64, 32]}],
+    "softmax": [{"op": "softmax", "shape": [8, 64]}],
+    "conv2d": [{"op": "conv2d", "shape": [1, 16, 10, 10, 32, 3, 3], "padding": 1},
+               {"op": "conv2d", "shape": [1, 16, 11, 11, 16, 3, 3], "stride": 2, "dilation": 2},
+               {"op": "conv2d", "shape": [1, 16, 10, 10, 32, 3, 3], "padding": 1, "layout": "NHWC"}],
+    "depthwise_conv2d": [{"op": "depthwise_conv2d", "shape": [1, 16, 12, 12, 3, 3], "padding": 1}],
+}
+
+
+def sample_points(space: Any, workload: Any, target: Any, n: int) -> list[Any]:
+    """What the search does: replay each design space with fresh random decisions, then the
+    space's postprocessors. Points the postprocessors reject are the space's own constraints."""
+    ctx = tv.tune_context(workload.mod(), target, space=space,
+                          strategy=tv.ms.search_strategy.ReplayTrace(), seed=7, num_threads=1)
+    out = []
+    for d, design in enumerate(ctx.generate_design_space()):
+        for seed in range(1, n + 1):
+            sch = tv.Schedule(workload.mod(), seed=seed * 31 + d)
+            tv.Trace(design.trace.insts, {}).apply_to_schedule(sch, remove_postproc=True)
+            if all(pp.apply(sch) for pp in ctx.space_generator.postprocs):
+                out.append(sch)
+    return out
+
+
+def check_outputs(sch: Any, workload: Any, target: Any) -> None:
+    rt = tv.compile_module(sch.mod, target)  # the whole program: weight packing included
+    inputs = workload.make_inputs(3)
+    dev = tv.tvm.cpu(0)
+    args = [tv.tvm.runtime.tensor(a, dev) for a in inputs]
+    outs = [tv.tvm.runtime.tensor(np.zeros(s, d), dev) for _, s, d in workload.arg_specs()[len(inputs):]]
+    rt["main"](*args, *outs)
+    rtol, atol = workload.tolerance()
+    for got, ref in zip(outs, workload.reference(inputs), strict=True):
+        np.testing.assert_allclose(got.numpy(), ref, rtol=rtol, atol=atol)
+
+
+def _x86_cases() -> list[tuple[str, dict[str, Any]]]:
+    cases = []
+    for name in registry.space_names():
+        t = registry.TEMPLATES.get(name)
+        if t is None:
+            continue
+        for op in t.ops:
+            for spec in SMALL.get(op, []):
+                if t.applies(parse_spec(spec), X86):
+                    cases.append((name, spec))
+    return cases
+
+
+@pytest.mark.parametrize(("name", "spec"), _x86_cases(), ids=lambda v: v if isinstance(v, str) else v["op"])
+def test_random_points_of_the_space_build_and_are_correct(name: str, spec: dict[str, Any]) -> None:
+    wl = parse_spec(spec)
+    points = sample_points(registry.space_generator(name, wl, X86), wl, X86, n=6)
+    assert len(points) >= 6, "the space's constraints reject almost everything"
+    for sch in points:
+        check_outputs(sch, wl, X86)
+
+
+def test_a_trace_replays_to_the_same_program() -> None:
+    wl = parse_spec(SMALL["dense"][0])
+    (sch, *_) = sample_points(registry.space_generator("gemm-x86", wl, X86), wl, X86, n=1)
+    again = tv.apply_trace(wl.mod(), tv.trace_to_json(sch.trace))
+    assert tv.structural_equal(again.mod, sch.mod)
+
+
+def test_default_space_prefers_a_template_and_falls_back_to_auto() -> None:
+    assert registry.resolve("default", parse_spec({"op": "matmul", "shape": [64, 64, 64]}), X86) == "gemm-x86"
+    # no template for fp64 GEMM: the generated space serves it
+    wl64 = parse_spec({"op": "matmul", "shape": [64, 64, 64], "dtype": "float64"})
+    assert registry.resolve("default", wl64, X86) == "auto"
+    arm = tv.make_target({"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mattr": ["+neon"]})
+    assert "gemm-x86" not in registry.spaces_for(parse_spec({"op": "matmul", "shape": [64, 64, 64]}), arm)
+
+
+def test_bad_space_names_are_refused_with_the_known_ones() -> None:
+    wl = parse_spec({"op": "softmax", "shape": [4, 8]})
+    with pytest.raises(SpecError, match="unknown space 'nope'.*auto"):
+        registry.resolve("nope", wl, X86)
+    with pytest.raises(SpecError, match="does not apply"):
+        registry.resolve("gemm-x86", wl, X86)
+
+
+def test_spaces_describe_themselves_as_json() -> None:
+    for name in registry.space_names():
+        if name == "default":
+            continue
+        d = registry.describe(name)
+        json.dumps(d)
+        assert d["name"] == name and d["kind"] in ("template", "generated")
+        for knob in d["knobs"].values():
+            assert knob["kind"] and knob["doc"]
+    ops = {s["name"] for s in registry.describe_op("dense")}
+    assert {"gemm-x86", "auto"} <= ops
