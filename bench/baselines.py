@@ -90,7 +90,7 @@ def _torch_int8(t: list[Any], torch: Any) -> Factory:
     x, w = t
     wt = w.t()
     try:
-        torch._int_mm(x[:1].expand(x.shape[0], -1).contiguous(), wt)
+        torch._int_mm(x, wt)  # probe: raises where uint8 is not supported
         return (lambda: torch._int_mm(x, wt)), "torch._int_mm(X_u8, W.t()) -> int32"
     except (RuntimeError, TypeError):
         pass

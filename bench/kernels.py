@@ -112,7 +112,8 @@ def prepare(sched_mod: Any, wl: Any, inputs: list[np.ndarray], target: Any) -> T
     for callee, args, var in steps[:-1]:  # weight packing: run once, not timed
         func = mod[callee]
         rt = _compile(func, target)
-        outs = [tv.tvm.runtime.empty(tuple(int(d) for d in p.shape), str(p.dtype), dev)
+        # zeros: a padded packed layout may leave elements the preproc never writes
+        outs = [tv.tvm.runtime.tensor(np.zeros(tuple(int(d) for d in p.shape), str(p.dtype)), dev)
                 for p in func.params[len(args):]]
         rt["main"](*[values[a] for a in args], *outs)
         if len(outs) != 1:

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 VARIANTS = ("tunefarm", "metaschedule", "pytorch", "numpy")
+BUSY_LOAD = 0.5  # 1-minute load average above which the machine was not idle
 COLUMNS = ["workload", "tunefarm ms (GFLOPS)", "MS ms (GFLOPS)", "PyTorch", "numpy", "% of peak",
            "tunefarm/MS", "tunefarm/PyTorch", "tuning s tunefarm / MS"]
 
@@ -65,11 +66,11 @@ def machine_info(target: dict[str, Any], threads: int, torch: Any) -> dict[str, 
                      "numpy": np.__version__, "numpy_blas": blas,
                      "torch": getattr(torch, "__version__", None) if torch else None},
         "tunefarm_git": _git(Path(__file__).resolve().parent.parent),
-        "loadavg_start": _loadavg(),
+        "loadavg_start": loadavg(),
     }
 
 
-def _loadavg() -> list[float] | None:
+def loadavg() -> list[float] | None:
     try:
         return [round(x, 2) for x in os.getloadavg()]
     except OSError:
@@ -125,6 +126,15 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
                               if v.get("status") == "WRONG"]}
 
 
+def _busy(m: dict[str, Any]) -> list[str]:
+    loads = [x for x in (m.get("loadavg_start"), m.get("loadavg_end")) if x]
+    if any(x[0] > BUSY_LOAD for x in loads):
+        return ["", f"**Warning: the machine was not idle** (1-minute load average "
+                    f"{' / '.join(str(x[0]) for x in loads)}): multi-threaded timings are "
+                    f"unreliable; rerun on an idle machine."]
+    return []
+
+
 def _f(x: float | None, fmt: str = "{:.2f}") -> str:
     return "–" if x is None else fmt.format(x)
 
@@ -146,7 +156,7 @@ def markdown(doc: dict[str, Any]) -> str:
              f"brackets; int8 counts integer ops). Peak: fp32 {cfg['peak']['fp32']:g} GFLOPS, "
              f"int8 {cfg['peak']['int8']:g} GOPS. Ratios are latency ratios (< 1: tunefarm is "
              f"faster). Packed weights are excluded from the timed kernels (see bench/README.md).",
-             "", "| " + " | ".join(COLUMNS) + " |", "|---|" + "---:|" * (len(COLUMNS) - 1)]
+             *_busy(m), "", "| " + " | ".join(COLUMNS) + " |", "|---|" + "---:|" * (len(COLUMNS) - 1)]
     for w in doc["workloads"]:
         v, flops = w.get("variants", {}), w["flops"]
         tf, ms = w.get("tuning", {}).get("tunefarm"), w.get("tuning", {}).get("metaschedule")
@@ -168,6 +178,11 @@ def markdown(doc: dict[str, Any]) -> str:
         lines += ["", f"**WRONG OUTPUTS: {', '.join(s['wrong_outputs'])}** (see results.json)."]
     notes = []
     for w in doc["workloads"]:
+        tuned = [f"{k} failed in {t.get('space', '?')}" if t.get("error") else
+                 f"{k} {t.get('valid')}/{t.get('trials_done')} valid in {t.get('space')}"
+                 for k, t in w.get("tuning", {}).items() if t]
+        if tuned:
+            notes.append(f"- {w['id']} tuning: {'; '.join(tuned)}")
         for name, v in w.get("variants", {}).items():
             why = v.get("reason") or v.get("check_error")
             if v.get("status") in ("error", "no valid kernel", "WRONG") and why:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import time
@@ -50,7 +51,8 @@ def _target(args: argparse.Namespace) -> dict[str, Any]:
 
 def _tune(entry: dict[str, Any], wl: Any, target: dict[str, Any], wdir: Path,
           args: argparse.Namespace) -> dict[str, Any]:
-    from .tune import load_summary, save_summary, tune_metaschedule, tune_tunefarm
+    from .tune import (load_summary, resolve_space, save_summary, tune_metaschedule,
+                       tune_tunefarm)
 
     out: dict[str, Any] = {}
     for name in ("tunefarm", "metaschedule"):
@@ -73,13 +75,19 @@ def _tune(entry: dict[str, Any], wl: Any, target: dict[str, Any], wdir: Path,
             except Exception as exc:  # noqa: BLE001 - one failed tuner must not stop the suite
                 traceback.print_exc()
                 summ = {"tuner": name, "error": f"{type(exc).__name__}: {exc}"[:2000],
-                        "wall_s": None, "best_trace": None}
+                        "wall_s": None, "best_trace": None, "trials": args.trials}
+                if name == "tunefarm":
+                    try:
+                        summ["space"] = resolve_space(wl, target, args.space)
+                    except Exception as exc2:  # noqa: BLE001
+                        summ["space"] = f"? ({type(exc2).__name__})"
             summ["target"] = target
             save_summary(wdir, name, summ)
+        best = summ.get("best_s_tuning")
         log(f"  {name}: {summ.get('valid')} valid of {summ.get('trials_done')}, "
             f"{summ.get('wall_s') or 0:.1f} s, best while tuning "
-            f"{(summ.get('best_s_tuning') or 0) * 1e3:.4g} ms" + (
-                f"  ERROR {summ['error']}" if summ.get("error") else ""))
+            + (f"{best * 1e3:.4g} ms" if best else "-")
+            + (f"  ERROR {summ['error']}" if summ.get("error") else ""))
         out[name] = summ
     return out
 
@@ -87,6 +95,7 @@ def _tune(entry: dict[str, Any], wl: Any, target: dict[str, Any], wdir: Path,
 def _kernel_variant(name: str, summ: dict[str, Any] | None, wl: Any, inputs: list[Any],
                     target: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
     """(Variant or None, status/extra fields) for a tuner's best schedule."""
+    import schedules.intrinsics  # noqa: F401 - tensor intrinsics the traces may name (as sandbox)
     from tuner import tvm_api as tv
 
     from .kernels import cross_check_stripped, prepare, sched_mod_from_trace
@@ -106,6 +115,9 @@ def _kernel_variant(name: str, summ: dict[str, Any] | None, wl: Any, inputs: lis
         kernel = prepare(smod, wl, inputs, tv.make_target(target))
         extra = {"packed": kernel.packed, "prepack_s": kernel.prepack_s,
                  "same_params_as_tuned_kernel": cross_check_stripped(smod, kernel)}
+        if not extra["same_params_as_tuned_kernel"]:
+            log(f"    !!! {name}: the timed kernel's parameters differ from the kernel the tuner "
+                "measured (strip_layout_rewrite); timing it anyway")
     except Exception as exc:  # noqa: BLE001
         traceback.print_exc()
         return None, {"status": "error", "reason": f"{type(exc).__name__}: {exc}"[:2000]}
@@ -148,7 +160,10 @@ def bench_one(entry: dict[str, Any], target: dict[str, Any], out: Path, torch: A
         if make is None:
             status[name] = {"status": "unavailable", "reason": "PyTorch not installed or --no-torch"}
             continue
-        fn, note = make(wl, inputs)
+        try:
+            fn, note = make(wl, inputs)
+        except Exception as exc:  # noqa: BLE001 - e.g. a torch build without the op
+            fn, note = None, f"{type(exc).__name__}: {exc}"[:500]
         if fn is None:
             status[name] = {"status": "unavailable", "reason": note}
         else:
@@ -180,7 +195,7 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     torch = _import_torch(args)
-    if torch is not None:
+    if importlib.util.find_spec("torch") is not None:
         _block_torch_in_children(out)
     target = _target(args)
     entries = select(load_suite(args.suite), args.only)
@@ -193,6 +208,10 @@ def run(args: argparse.Namespace) -> int:
                    "peak": {"fp32": args.peak_fp32, "int8": args.peak_int8}},
         "columns": report.COLUMNS, "workloads": []}
     log(f"target {json.dumps(target)}; {len(entries)} workloads; results in {out}")
+    load = doc["machine"]["loadavg_start"]
+    if load and load[0] > report.BUSY_LOAD:
+        log(f"!!! warning: load average {load}: the machine is not idle; timings with "
+            f"{args.threads} threads will be slow and noisy (PyTorch's OpenMP most)")
     t0 = time.monotonic()
     for entry in entries:
         log(f"== {entry['id']} {entry['title'] or ''} {json.dumps(entry['spec'])}")
@@ -204,7 +223,7 @@ def run(args: argparse.Namespace) -> int:
                    "spec": entry["spec"], "flops": 0, "peak": entry["peak"], "tuning": {},
                    "variants": {}, "ratios": {}, "error": f"{type(exc).__name__}: {exc}"[:2000]}
         doc["workloads"].append(row)
-        doc["machine"]["loadavg_end"] = report._loadavg()
+        doc["machine"]["loadavg_end"] = report.loadavg()
         doc["wall_s"] = time.monotonic() - t0
         report.write(out, doc)
     md = (out / "results.md").read_text()

@@ -42,6 +42,10 @@ TINY: list[dict[str, Any]] = [
      "spec": {"op": "dense_int8", "shape": [16, 64, 64]}},
     {"id": "T5", "title": "softmax rows of 64×32", "peak": None,
      "spec": {"op": "softmax", "shape": [64, 32]}},
+    {"id": "T6", "title": "bmm (2,16,8)·(2,16,8)ᵀ", "peak": "fp32",
+     "spec": {"op": "batch_matmul", "shape": [2, 16, 16, 8]}},
+    {"id": "T7", "title": "depthwise 3×3, 4ch, 16²", "peak": "fp32",
+     "spec": {"op": "depthwise_conv2d", "shape": [1, 4, 16, 16, 3, 3], "padding": 1}},
 ]
 
 SUITES = {"public": PUBLIC, "tiny": TINY}

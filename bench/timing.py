@@ -146,6 +146,7 @@ def time_interleaved(variants: list[Variant], reference: list[np.ndarray], rtol:
     """Times `variants`; returns {name: result dict}. A variant whose first call raises is
     reported with status "error" and left out of the rounds."""
     failed: dict[str, dict[str, Any]] = {}
+    variants = list(variants)
     for v in list(variants):
         try:
             v.prepare(reference, rtol, atol, min_ms)

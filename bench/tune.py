@@ -11,6 +11,7 @@ the timing step replays; the summary is also written to the workload's directory
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import time
 from collections.abc import Callable
@@ -26,11 +27,17 @@ def _settings() -> Any:
     return get_settings()
 
 
+def resolve_space(wl: Any, target: dict[str, Any], space: str) -> str:
+    """The concrete space tunefarm uses for `space` ("default": the first template that applies)."""
+    from schedules.registry import resolve
+    from tuner import tvm_api as tv
+
+    return resolve(space, wl, tv.make_target(target))
+
+
 def tune_tunefarm(wl: Any, target: dict[str, Any], trials: int, work_dir: Path, *,
                   threads: int, space: str = "default", seed: int = 0,
                   log: Callable[[str], None] = print) -> dict[str, Any]:
-    from schedules.registry import resolve
-    from tuner import tvm_api as tv
     from tuner.db import Store
     from tuner.errors import NotFound
     from tuner.measure import MeasureOptions
@@ -48,7 +55,7 @@ def tune_tunefarm(wl: Any, target: dict[str, Any], trials: int, work_dir: Path, 
                           run_timeout_s=s.run_timeout_s, num_threads=threads, verify=True)
     req = TuneRequest(workload=wl, target=target, trials=trials, space=space,
                       batch_size=s.batch_size, seed=seed, fresh=True, options=opts)
-    resolved = resolve(space, wl, tv.make_target(target))
+    resolved = resolve_space(wl, target, space)
     step = max(1, trials // 8)
 
     def progress(p: Progress) -> None:
@@ -123,16 +130,24 @@ def tune_metaschedule(wl: Any, target: dict[str, Any], trials: int, work_dir: Pa
 
 
 def _ms_errors(ms_dir: Path, n: int = 3) -> list[str]:
-    """A few distinct build/run error lines from MetaSchedule's task log (why nothing was valid)."""
-    seen: list[str] = []
-    for path in sorted((ms_dir / "logs").glob("*.log")):
-        for line in path.read_text(errors="replace").splitlines():
-            low = line.lower()
-            if ("error" in low or "failed" in low) and len(seen) < 50:
-                text = line.strip()[-240:]
-                if text not in seen:
-                    seen.append(text)
-    return seen[:n]
+    """Distinct exception lines of failed trials in MetaSchedule's task logs (why nothing was
+    valid), e.g. "tvm.error.InternalError: LLVM module verification failed ... | Call parameter
+    type does not match function signature!"."""
+    found: list[str] = []
+    exc_line = re.compile(r"^[\w.]*(Error|Exception)\b.*: ")
+    for path in sorted((ms_dir / "logs").glob("*task_*.log")):
+        lines = path.read_text(errors="replace").splitlines()
+        in_trial = False
+        for i, line in enumerate(lines):
+            if re.match(r"^\d{4}-\d\d-\d\d ", line):
+                in_trial = "Error in" in line and "Trial #" in line
+                continue
+            if in_trial and exc_line.match(line):
+                text = " | ".join(x.strip() for x in lines[i:i + 2])[:300]
+                if text not in found:
+                    found.append(text)
+                in_trial = False
+    return found[:n]
 
 
 def save_summary(work_dir: Path, name: str, summary: dict[str, Any]) -> None:
@@ -141,11 +156,11 @@ def save_summary(work_dir: Path, name: str, summary: dict[str, Any]) -> None:
 
 def load_summary(work_dir: Path, name: str, *, trials: int, target: dict[str, Any]
                  ) -> dict[str, Any] | None:
-    """A saved summary of a run with the same budget and target, else None."""
+    """A saved summary of a successful run with the same budget and target, else None."""
     path = work_dir / f"{name}.tuning.json"
     if not path.is_file():
         return None
     data = json.loads(path.read_text())
-    if data.get("trials") != trials or data.get("target") != target:
+    if data.get("error") or data.get("trials") != trials or data.get("target") != target:
         return None
     return data

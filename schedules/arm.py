@@ -2,11 +2,11 @@
 
 `dense-neon-aarch64` (fp32 `dense` X·Wᵀ and `matmul` A·B): a register-blocked NEON micro-kernel.
 
-- the weight of `dense` (a layout-free buffer: a model constant) is packed into [N/4, K, 4]
-  panels by a `meta_schedule.layout_rewrite_preproc` block: the 4 fp32 lanes of one q register
-  for one k are contiguous, and one panel is a single sequential stream along k. The panel width
-  is fixed (4 lanes), so the layout never depends on a knob. matmul's B[K, N] is already
-  contiguous along N and is read in place (it is not a layout-free buffer);
+- the weight (W[N, K] of `dense`, B[K, N] of `matmul`: layout-free buffers, i.e. model
+  constants) is packed into [N/4, K, 4] panels by a `meta_schedule.layout_rewrite_preproc` block,
+  paid once at compile time (the timed kernel takes the packed weight): the 4 fp32 lanes of one q
+  register for one k are contiguous, and one panel is a single sequential stream along k. The
+  panel width is fixed (4 lanes), so the layout never depends on a knob;
 - an mr × (nv·4) accumulator tile lives in registers (a `local` cache written back after the
   whole reduction); per k step: mr scalars of X/A, nv 4-lane vectors of the weight, mr·nv `fmla
   v.4s` (LLVM picks the by-element or the broadcast form);
@@ -36,9 +36,14 @@ intrinsic loads as one contiguous `int8x16` (tensorize does not check contiguity
 guarantees it). Knobs as for fp32: [parallel, middle, mr ≤ 8] rows, [parallel, middle, nv ≤ 4]
 4-column groups, K/4 into [outer, unrolled ≤ 8], unroll depth.
 
-Checked by compiling only (no ARM machine): tests/schedules/test_cross.py builds sampled traces
-for aarch64 and looks for `fmla v*.4s` / `usdot` in the assembly; the fp32 schedule and the int8
-loop nest without its tensorize step also run on the x86 host against numpy.
+The usdot intrinsics are registered when this module is imported (the registry imports it via
+schedules/families.py); a process that replays a `dense-int8-sdot-aarch64` trace must import it.
+
+No ARM machine here: tests/schedules/test_cross.py builds traces covering every knob value for
+AArch64 and looks for `fmla v*.4s` / `usdot` in the assembly; the fp32 schedules and the int8 loop
+nest without its tensorize step also run on the x86 host against numpy; where qemu-user and an
+AArch64 gcc are installed, the AArch64 kernels themselves (usdot included) run under
+`qemu-aarch64 -cpu max` against numpy.
 """
 
 from __future__ import annotations
@@ -137,7 +142,7 @@ class DenseNeonAarch64(Template):
     name = "dense-neon-aarch64"
     ops = ("dense", "matmul")
     description = ("AArch64 NEON fp32 micro-kernel: mr x nv*4 accumulators in q registers "
-                   "(fmla .4s), dense weight packed in [N/4, K, 4] panels at compile time, "
+                   "(fmla .4s), weight packed in [N/4, K, 4] panels at compile time, "
                    "parallel outer tiles")
 
     def applies(self, workload: Any, target: Any) -> bool:
@@ -161,7 +166,9 @@ class DenseNeonAarch64(Template):
 
     def apply(self, sch: Any, workload: Any, target: Any) -> None:
         (blk,) = sch.get_child_blocks(sch.get_sblock("root"))
-        if workload.op == "dense":
+        if workload.op == "matmul":  # B[K, N]
+            _pack_weight(sch, blk, lambda k, j: (j // LANES, k, j % LANES))
+        else:  # W[N, K]
             _pack_weight(sch, blk, lambda j, k: (j // LANES, k, j % LANES))
         _unroll_knob(sch)
         i, j, k = sch.get_loops(blk)
@@ -220,8 +227,10 @@ class DenseInt8SdotAarch64(Template):
                    "weight packed in [N/4, K/4, 4, 4] tiles at compile time; needs +i8mm")
 
     def applies(self, workload: Any, target: Any) -> bool:
-        n, k = workload.spec["shape"][1:]
-        return (workload.op in self.ops and is_aarch64(target) and has_feature(target, "i8mm")
+        if workload.op not in self.ops:
+            return False
+        _, n, k = workload.spec["shape"]
+        return (is_aarch64(target) and has_feature(target, "i8mm")
                 and n % LANES == 0 and k % DOT_K == 0)
 
     def knobs(self, workload: Any | None = None) -> dict[str, dict[str, Any]]:

@@ -54,6 +54,8 @@ class Template(ABC):
     ops: tuple[str, ...] = ()
     description: str = ""
     tensorize: bool = False
+    # evolutionary-search population: replaying a long trace is the search's main cost
+    population_size: int = 256
 
     def applies(self, workload: Any, target: Any) -> bool:
         return workload.op in self.ops and is_x86(target)

@@ -6,3 +6,4 @@ from schedules import gemm  # noqa: F401
 from schedules import conv  # noqa: F401
 from schedules import int8  # noqa: F401
 from schedules import softmax  # noqa: F401
+from schedules import arm, cuda  # noqa: F401

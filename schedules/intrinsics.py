@@ -1,10 +1,12 @@
 """Tensor intrinsics tunefarm's templates tensorize with, registered on import.
 
-Workers import this module before replaying traces, so a record that tensorizes with one of
-these intrinsics replays anywhere. (TVM's own registry is loaded lazily, see tuner.tvm_api.)
+Workers import `schedules.families` (all templates, hence this module) before replaying traces,
+so a record that tensorizes with one of these intrinsics replays anywhere. (TVM's own registry
+is loaded lazily, see tuner.tvm_api.)
 
-TVMScript needs the source file, so the intrinsics live here; importing costs two TVMScript
-parses (a few ms) on top of `import tvm`.
+TVMScript needs the source file, so the intrinsics live here. Importing parses 14 small TVMScript
+functions (~0.5 s on this machine, once per process) on top of `import tvm`; nothing else is
+loaded (TVM's own x86 intrinsics module is not needed).
 """
 
 from __future__ import annotations
@@ -28,11 +30,10 @@ VNNI_16x4_LLVM22 = "dot_16x4_vnni_llvm22"
 
 
 @T.prim_func(s_tir=True)
-def dot_16x4_u8i8i32_desc(
-    A: T.Buffer((4,), "uint8", offset_factor=1),
-    B: T.Buffer((16, 4), "int8", offset_factor=1),
-    C: T.Buffer((16,), "int32", offset_factor=1),
-) -> None:
+def dot_16x4_u8i8i32_desc(a_h: T.handle, b_h: T.handle, c_h: T.handle) -> None:
+    A = T.match_buffer(a_h, (4,), "uint8", offset_factor=1)
+    B = T.match_buffer(b_h, (16, 4), "int8", offset_factor=1)
+    C = T.match_buffer(c_h, (16,), "int32", offset_factor=1)
     with T.sblock("root"):
         T.reads(C[0:16], A[0:4], B[0:16, 0:4])
         T.writes(C[0:16])
@@ -44,11 +45,10 @@ def dot_16x4_u8i8i32_desc(
 
 
 @T.prim_func(s_tir=True)
-def dot_16x4_u8i8i32_vnni_llvm22(
-    A: T.Buffer((4,), "uint8", offset_factor=1),
-    B: T.Buffer((16, 4), "int8", offset_factor=1),
-    C: T.Buffer((16,), "int32", offset_factor=1),
-) -> None:
+def dot_16x4_u8i8i32_vnni_llvm22(a_h: T.handle, b_h: T.handle, c_h: T.handle) -> None:
+    A = T.match_buffer(a_h, (4,), "uint8", offset_factor=1)
+    B = T.match_buffer(b_h, (16, 4), "int8", offset_factor=1)
+    C = T.match_buffer(c_h, (16,), "int32", offset_factor=1)
     with T.sblock("root"):
         T.reads(C[0:16], A[0:4], B[0:16, 0:4])
         T.writes(C[0:16])
@@ -63,3 +63,113 @@ def dot_16x4_u8i8i32_vnni_llvm22(
 
 TensorIntrin.register(VNNI_16x4_LLVM22, dot_16x4_u8i8i32_desc, dot_16x4_u8i8i32_vnni_llvm22,
                       override=True)
+
+
+# --- fast exp: Y[l] = exp(X[l] - M[0]) over `lanes` fp32 lanes --------------------------------
+#
+# The description is the body of topi.nn.softmax's T_softmax_exp block, so `tensorize` maps that
+# block's vector loop onto it. LLVM lowers a vector `T.exp` to one libm `expf` call per lane (about
+# 2.5 ns each here); this implementation is the Cephes polynomial that topi.fast_exp uses (range
+# reduction to 2^n * e^f, |f| <= ln2/2, degree-7 polynomial) with a two-constant (Cody-Waite)
+# ln2. Relative error < 3e-7 over [-87.3, 88.72] (~7e-8 over softmax's usual [-2, 0]; see
+# tests/schedules/test_softmax.py). Outside: below -88.38 it returns 0 (true value < 5e-39),
+# above 88.72 it saturates at e^88.72 (true value: inf or near FLT_MAX); NaN does not propagate
+# (the clamp turns it into e^88.72), so a softmax row holding NaN, +inf, or only -inf is not the
+# NaN row numpy gives. Finite rows and -inf entries (masks) are handled: e^-inf = 0.
+
+EXP_SUB_F32 = "exp_sub_f32x{lanes}"  # .format(lanes=16)
+
+_EXP_HI, _EXP_LO = 88.72, -88.3762626647949  # e^88.72 < FLT_MAX
+_LOG2E = 1.44269504088896341
+_LN2_HI, _LN2_LO = 0.693359375, -2.12194440e-4
+_P = (1.9875691500e-4, 1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2, 1.6666665459e-1,
+      5.0000001201e-1)
+
+
+def _exp_sub_intrin(lanes: int) -> tuple[object, object]:
+    vec = f"float32x{lanes}"
+    ivec = f"int32x{lanes}"
+
+    @T.prim_func(s_tir=True)
+    def desc(x_h: T.handle, m_h: T.handle, y_h: T.handle) -> None:
+        X = T.match_buffer(x_h, (lanes,), "float32", offset_factor=1)
+        M = T.match_buffer(m_h, (1,), "float32", offset_factor=1)
+        Y = T.match_buffer(y_h, (lanes,), "float32", offset_factor=1)
+        with T.sblock("root"):
+            T.reads(X[0:lanes], M[0:1])
+            T.writes(Y[0:lanes])
+            for j in T.serial(0, lanes):
+                with T.sblock("exp"):
+                    vj = T.axis.remap("S", [j])
+                    Y[vj] = T.exp(X[vj] - M[0])
+
+    def bc(c: float) -> object:
+        return T.broadcast(T.float32(c), lanes)
+
+    @T.prim_func(s_tir=True)
+    def impl(x_h: T.handle, m_h: T.handle, y_h: T.handle) -> None:
+        X = T.match_buffer(x_h, (lanes,), "float32", offset_factor=1)
+        M = T.match_buffer(m_h, (1,), "float32", offset_factor=1)
+        Y = T.match_buffer(y_h, (lanes,), "float32", offset_factor=1)
+        with T.sblock("root"):
+            T.reads(X[0:lanes], M[0:1])
+            T.writes(Y[0:lanes])
+            x = T.max(T.min(X.vload([0], vec) - T.broadcast(M[0], lanes), bc(_EXP_HI)), bc(_EXP_LO))
+            # n <= 127: 2^n stays a normal float (x near 88.72 has n = 128, f ~ -ln2/2 + ln2)
+            n = T.min(T.floor(x * bc(_LOG2E) + bc(0.5)), bc(127.0))
+            f = x - n * bc(_LN2_HI) - n * bc(_LN2_LO)
+            p = (((((bc(_P[0]) * f + bc(_P[1])) * f + bc(_P[2])) * f + bc(_P[3])) * f
+                  + bc(_P[4])) * f + bc(_P[5])) * f * f + f + bc(1.0)
+            e = T.reinterpret(T.shift_left(T.Cast(ivec, n) + T.broadcast(T.int32(127), lanes),
+                                           T.broadcast(T.int32(23), lanes)), dtype=vec)
+            Y[T.ramp(T.int32(0), 1, lanes)] = p * e
+
+    return desc, impl
+
+
+for _lanes in (4, 8, 16):
+    TensorIntrin.register(EXP_SUB_F32.format(lanes=_lanes), *_exp_sub_intrin(_lanes), override=True)
+
+
+# --- normalize: Y[l] = E[l] / S[0] as E[l] * (1 / S[0]) ---------------------------------------
+#
+# The body of topi.nn.softmax's T_softmax_norm block. One scalar division per vector instead of a
+# vector division per vector (vdivps is the slowest op of a softmax row); the result differs from
+# the division by at most ~1.5 ulp (relative error < 2e-7).
+
+DIV_BCAST_F32 = "div_bcast_recip_f32x{lanes}"  # .format(lanes=16)
+
+
+def _div_bcast_intrin(lanes: int) -> tuple[object, object]:
+    vec = f"float32x{lanes}"
+
+    @T.prim_func(s_tir=True)
+    def desc(e_h: T.handle, s_h: T.handle, y_h: T.handle) -> None:
+        E = T.match_buffer(e_h, (lanes,), "float32", offset_factor=1)
+        S = T.match_buffer(s_h, (1,), "float32", offset_factor=1)
+        Y = T.match_buffer(y_h, (lanes,), "float32", offset_factor=1)
+        with T.sblock("root"):
+            T.reads(E[0:lanes], S[0:1])
+            T.writes(Y[0:lanes])
+            for j in T.serial(0, lanes):
+                with T.sblock("norm"):
+                    vj = T.axis.remap("S", [j])
+                    Y[vj] = E[vj] / S[0]
+
+    @T.prim_func(s_tir=True)
+    def impl(e_h: T.handle, s_h: T.handle, y_h: T.handle) -> None:
+        E = T.match_buffer(e_h, (lanes,), "float32", offset_factor=1)
+        S = T.match_buffer(s_h, (1,), "float32", offset_factor=1)
+        Y = T.match_buffer(y_h, (lanes,), "float32", offset_factor=1)
+        with T.sblock("root"):
+            T.reads(E[0:lanes], S[0:1])
+            T.writes(Y[0:lanes])
+            Y[T.ramp(T.int32(0), 1, lanes)] = E.vload([0], vec) * T.broadcast(
+                T.float32(1.0) / S[0], lanes)
+
+    return desc, impl
+
+
+for _lanes in (4, 8, 16):
+    TensorIntrin.register(DIV_BCAST_F32.format(lanes=_lanes), *_div_bcast_intrin(_lanes),
+                          override=True)

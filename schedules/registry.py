@@ -65,6 +65,15 @@ def space_generator(name: str, workload: Any, target: Any) -> Any:
     return TEMPLATES[name].space(workload, target)
 
 
+def search_strategy(name: str) -> Any:
+    """The evolutionary search for space `name` (already resolved), sized for that space."""
+    from tuner.tvm_api import ms
+
+    pop = 512 if name == "auto" else TEMPLATES[name].population_size
+    return ms.search_strategy.EvolutionarySearch(population_size=pop,
+                                                 init_min_unmeasured=min(50, pop // 2))
+
+
 def describe(name: str, workload: Any | None = None) -> dict[str, Any]:
     """A space as JSON: its kind, the ops it serves, its knobs and their ranges."""
     _load()

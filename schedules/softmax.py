@@ -1,3 +1,159 @@
-"""Softmax family on x86 (placeholder while the template is being written)."""
+"""Softmax over the last axis on x86: `softmax-x86` (float32).
+
+topi.nn.softmax is four blocks: maxelem (row max), exp (exp(x - max)), expsum (row sum), norm
+(exp / sum). The template fuses them per row block inside one parallel loop:
+
+    parallel r0                                     <- knob "rows": r0 x r1 x r2 = rows
+      r1
+        max:  16-lane partial maxima (rfactor), then a log2 tree 16 -> 8 -> 4 -> 2 -> 1
+        exp:  tensorized with a fast vector exp (schedules/intrinsics.py)
+        sum:  16-lane partial sums (rfactor), then the same tree
+        norm: vectorized division, or multiplication by the reciprocal (knob "norm")
+      (each of these loops over the r2 rows of the step)
+
+Measured on one core for 1536x128 (shared machine, rough): with plain `T.exp` ~560 us, because
+LLVM lowers a vector exp to one libm `expf` call per lane; with the polynomial exp ~65 us (rel.
+err. < 3e-7, the op's tolerance is 1e-4); with the tree (each row's two 16-step serial horizontal
+reductions become 4 vector steps) ~55 us; with rf buffers laid out [row, lane] (contiguous lanes
+when r2 > 1) ~45-50 us. PyTorch's torch.softmax took ~2x as long as the tuned kernel in the same
+process on one thread. Summation order changes (partial sums), well within the tolerance.
+
+The exp and norm rewrites happen by tensorization with intrinsics whose descriptions are exactly
+the blocks' bodies, so the PrimFunc (and its workload key) is untouched.
+"""
 
 from __future__ import annotations
+
+from typing import Any
+
+from schedules.base import Template, vector_lanes
+from schedules.intrinsics import DIV_BCAST_F32, EXP_SUB_F32
+from schedules.registry import register
+from tuner.tvm_api import ms
+
+MAX_ROWS_PER_STEP = 4
+UNROLL = [0, 16, 64, 512]
+NORMS = ("reciprocal", "divide")  # one design space each
+
+
+def softmax_lanes(workload: Any, target: Any) -> int:
+    """fp32 lanes for the row loops: the target's vector width, or the largest of 8/4 that
+    divides the row length; 0 if none does."""
+    cols = workload.spec["shape"][-1]
+    for lanes in (vector_lanes(target, 32), 8, 4):
+        if lanes <= vector_lanes(target, 32) and cols % lanes == 0:
+            return lanes
+    return 0
+
+
+def _tree_rfactor(sch: Any, block: Any, lanes: int) -> list[Any]:
+    """Reduce `block` (a reduction over its last loop, `lanes` a power of two dividing it) as
+    `lanes` vector partials followed by a halving tree: with k = k0 * lanes + l and l split into
+    its bits b_{n-1} .. b_0, rfactor peels one bit at a time, so `block` reduces b_0 (2 -> 1),
+    block_rf reduces b_1 (4 -> 2), ..., and the last, block_rf_..._rf, reduces k0 into `lanes`
+    partials. (rfactor-ing `block` itself repeatedly would give every stage the same name.)
+    Every rf buffer is [row, bits...]: the lanes of a row are contiguous. Returns the rfactor
+    blocks, consumer first."""
+    bits = lanes.bit_length() - 1
+    sch.split(sch.get_loops(block)[-1], [None] + [2] * bits)
+    chain, cur = [], block
+    for s in range(bits):
+        cur = sch.rfactor(sch.get_loops(cur)[-1 - s], factor_axis=1)
+        chain.append(cur)
+    return chain
+
+
+def _iters_row_red_lanes(sch: Any, block: Any) -> None:
+    """Order the block iters of an rfactor block as (row, reduced..., lane bits...), so that the
+    loops compute_at creates come in that order."""
+    b = sch.get(block)
+    region = b.writes[0].region  # rf buffer [row, bits...]
+    row = region[0].min
+    lanes = [r.min for r in region[1:]]
+    order_row = [i for i, iv in enumerate(b.iter_vars) if iv.var.same_as(row)]
+    order_red = [i for i, iv in enumerate(b.iter_vars) if int(iv.iter_type) != 0]
+    order_lane = [i for v in lanes for i, iv in enumerate(b.iter_vars) if iv.var.same_as(v)]
+    sch.reorder_block_iter_var(block, order_row + order_red + order_lane)
+
+
+@register
+class SoftmaxX86(Template):
+    name = "softmax-x86"
+    ops = ("softmax",)
+    description = ("fp32 softmax over the last axis, fused per row block under one parallel "
+                   "loop: vector partial max/sum (rfactor) with a log-tree horizontal reduction, "
+                   "fast polynomial exp (tensorized), reciprocal-multiply or divide; knobs for "
+                   "row blocking, parallel granularity, unroll. Needs cols % 4 == 0.")
+    tensorize = False  # the trace tensorizes exp/norm itself
+    population_size = 96  # a small space with a long trace: replay dominates the search time
+
+    def applies(self, workload: Any, target: Any) -> bool:
+        return (super().applies(workload, target) and workload.spec.get("dtype") == "float32"
+                and softmax_lanes(workload, target) > 0)
+
+    def knobs(self, workload: Any | None = None) -> dict[str, dict[str, Any]]:
+        rows = None if workload is None else workload.spec["shape"][0]
+        return {
+            "rows": {"kind": "perfect_tile", "loop": "rows", "extent": rows, "n": 3,
+                     "max_innermost_factor": MAX_ROWS_PER_STEP,
+                     "doc": "rows = r0 x r1 x r2: r0 = parallel tasks (granularity), r1 = row "
+                            "steps per task, r2 = rows computed together per step (ILP vs. "
+                            "temporaries)"},
+            "unroll": {"kind": "categorical", "choices": UNROLL,
+                       "doc": "pragma_auto_unroll_max_step (explicit) on the parallel loop"},
+            "norm": {"kind": "categorical", "choices": list(NORMS),
+                     "doc": "exp / sum as a vector division or as exp * (1 / sum) (<= 1.5 ulp "
+                            "apart); a structural choice, one design space each"},
+            "lanes": {"kind": "fixed", "value": "16 (AVX-512), else 8 or 4 dividing cols",
+                      "doc": "vector width of every row loop"},
+        }
+
+    def apply(self, sch: Any, workload: Any, target: Any, norm: str = "reciprocal") -> None:
+        lanes = softmax_lanes(workload, target)
+        max_block = sch.get_sblock("T_softmax_maxelem")
+        sum_block = sch.get_sblock("T_softmax_expsum")
+        max_rfs = _tree_rfactor(sch, max_block, lanes)
+        sum_rfs = _tree_rfactor(sch, sum_block, lanes)
+        for block in [max_block, *max_rfs, sum_block, *sum_rfs]:
+            _iters_row_red_lanes(sch, block)
+
+        norm_block = sch.get_sblock("T_softmax_norm")
+        i, j = sch.get_loops(norm_block)
+        r0, r1, _ = sch.split(i, sch.sample_perfect_tile(i, n=3,
+                                                         max_innermost_factor=MAX_ROWS_PER_STEP))
+        sch.parallel(r0)
+        # consumers first: each block moves under r1 after everything that reads it
+        for block in [sum_block, *sum_rfs, sch.get_sblock("T_softmax_exp"), max_block, *max_rfs]:
+            sch.compute_at(block, r1, preserve_unit_loops=True)
+
+        _, j1 = sch.split(j, [None, lanes])
+        if norm == "reciprocal":
+            sch.tensorize(j1, DIV_BCAST_F32.format(lanes=lanes))
+        else:
+            sch.vectorize(j1)
+        exp_block = sch.get_sblock("T_softmax_exp")
+        _, e1 = sch.split(sch.get_loops(exp_block)[-1], [None, lanes])
+        sch.tensorize(e1, EXP_SUB_F32.format(lanes=lanes))
+        for stage, rf in enumerate([*max_rfs, *sum_rfs]):
+            # loops under r1: row, reduced, one per lane bit (stage s of a chain has s + 1 bits)
+            n_bits = stage % len(max_rfs) + 1
+            lane = sch.fuse(*sch.get_loops(rf)[-n_bits:])
+            sch.vectorize(lane)
+        sch.annotate(sch.get_sblock("root"), "meta_schedule.unroll_explicit",
+                     sch.sample_categorical(UNROLL, [1.0 / len(UNROLL)] * len(UNROLL)))
+
+    def mutators(self, target: Any) -> dict[Any, float]:
+        return {ms.mutator.MutateTileSize(): 0.8, ms.mutator.MutateUnroll(): 0.2}
+
+    def space(self, workload: Any, target: Any) -> Any:
+        def sch_fn(sch: Any) -> list[Any]:
+            spaces = []
+            for norm in NORMS:
+                s = sch.copy()
+                self.apply(s, workload, target, norm=norm)
+                spaces.append(s)
+            return spaces
+
+        return ms.space_generator.ScheduleFn(sch_fn, sch_rules=[],
+                                             postprocs=self.postprocs(target),
+                                             mutator_probs=self.mutators(target))

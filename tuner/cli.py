@@ -209,6 +209,20 @@ def records(
     console.print(table)
 
 
+@app.command()
+def spaces(
+    op: Annotated[str | None, typer.Argument(help="Only the spaces that serve this op.")] = None,
+) -> None:
+    """Describe the search spaces (templates and their knobs, and 'auto') as JSON."""
+    from schedules import registry
+
+    if op is None:
+        out = [registry.describe(n) for n in registry.space_names() if n != "default"]
+    else:
+        out = registry.describe_op(op)
+    sys.stdout.write(json.dumps(out, indent=2) + "\n")
+
+
 @db_app.command("upgrade")
 def db_upgrade(db: DbOpt = None) -> None:
     """Create or migrate the tuning database schema to the newest revision."""

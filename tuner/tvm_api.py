@@ -54,7 +54,7 @@ __all__ = [
     "make_target", "host_target_dict", "target_to_dict", "canonical_target_json",
     "trace_to_json", "trace_decisions", "apply_trace", "compile_module", "prim_func_from_tvmscript",
     "strip_layout_rewrite", "param_specs",
-    "num_tensor_elements",
+    "num_tensor_elements", "load_tensor_intrins",
 ]
 
 
@@ -264,6 +264,14 @@ def _lazy_tensor_intrin_package() -> None:
 
 
 _lazy_tensor_intrin_package()
+
+
+def load_tensor_intrins(backend: str) -> Any:
+    """Import `tvm.s_tir.tensor_intrin.<backend>` ("cuda", "arm_cpu", ...), which registers that
+    backend's tensor intrinsics (cuda: ~8 s); returns the module (its `*_INTRIN` names)."""
+    import importlib
+
+    return importlib.import_module(f"tvm.s_tir.tensor_intrin.{backend}")
 
 
 def tune_context(mod: Any, target: Any, *, space: Any, strategy: Any, seed: int,

@@ -155,7 +155,7 @@ def _die_with_parent() -> None:
 
 
 def main(argv: list[str]) -> int:
-    import schedules.intrinsics  # noqa: F401 - tensor intrinsics that traces may tensorize with
+    import schedules.families  # noqa: F401 - every template's tensor intrinsics, for replay
 
     parent = os.getppid()
     _die_with_parent()

@@ -22,7 +22,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from schedules.registry import resolve, space_generator
+from schedules.registry import resolve, search_strategy, space_generator
 from tuner import tvm_api as tv
 from tuner.db.models import JobState
 from tuner.db.store import NewRecord, Store
@@ -180,7 +180,7 @@ class Tuner:
         try:
             mod = req.workload.mod()
             ctx = tv.tune_context(mod, target, space=space,
-                                  strategy=tv.ms.search_strategy.EvolutionarySearch(),
+                                  strategy=search_strategy(req.space),
                                   seed=req.seed, num_threads=max(1, req.options.num_threads))
             model = self._cost_model(req, tref)
             strategy = ctx.search_strategy

@@ -1,0 +1,65 @@
+"""Smoke test of the benchmark harness: a one-workload suite (matmul 64³), 2 trials per tuner,
+1 round, without PyTorch. Runs `python -m bench` as a child (it sets the thread variables before
+TVM loads) and checks that results.json has every column and that every output was checked."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+pytestmark = pytest.mark.slow
+
+
+def test_bench_runs_a_tiny_suite_and_reports_every_column(tmp_path: Path) -> None:
+    suite = tmp_path / "suite.json"
+    suite.write_text(json.dumps([{"id": "S1", "title": "matmul 64³", "peak": "fp32",
+                                  "spec": {"op": "matmul", "shape": [64, 64, 64]}}]))
+    out = tmp_path / "out"
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench", "--suite", str(suite), "--trials", "2", "--rounds", "1",
+         "--min-ms", "2", "--no-torch", "--out", str(out)],
+        cwd=REPO, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+
+    doc = json.loads((out / "results.json").read_text())
+    assert doc["config"]["trials"] == 2 and doc["config"]["rounds"] == 1
+    m = doc["machine"]
+    assert m["threads"] == 2 and m["env"]["TVM_NUM_THREADS"] == "2"
+    assert m["versions"]["tvm"] and m["cpu"]["logical_cpus"]
+    (w,) = doc["workloads"]
+    assert w["id"] == "S1" and w["flops"] == 2 * 64**3 and "error" not in w
+
+    v = w["variants"]
+    assert set(v) == {"tunefarm", "metaschedule", "pytorch", "numpy"}
+    assert v["pytorch"]["status"] == "unavailable"
+    for name in ("tunefarm", "metaschedule", "numpy"):
+        r = v[name]
+        assert r["status"] == "ok" and r["correct"], (name, r)
+        assert r["checked"] == 2 and all(c["ok"] for c in r["checks"])  # first call + after timing
+        assert len(r["rounds_s"]) == 1 and r["median_s"] > 0 and r["gflops"] > 0
+        assert r["calls_per_round"][0] >= 1
+    for name in ("tunefarm", "metaschedule"):
+        assert v[name]["same_params_as_tuned_kernel"] is True
+        t = w["tuning"][name]
+        assert t["wall_s"] > 0 and t["trials_done"] == 2 and t["valid"] >= 1
+
+    # every table column has its value in the JSON
+    assert doc["columns"][0] == "workload" and len(doc["columns"]) == 9
+    assert w["pct_of_peak"] == pytest.approx(100 * v["tunefarm"]["gflops"] / 529.0)
+    assert w["ratios"]["tunefarm/metaschedule"] == pytest.approx(
+        v["tunefarm"]["median_s"] / v["metaschedule"]["median_s"])
+    assert "tunefarm/pytorch" in w["ratios"] and w["ratios"]["tunefarm/pytorch"] is None
+    s = doc["summary"]
+    assert s["n_tunefarm_over_metaschedule"] == 1 and s["wrong_outputs"] == []
+    assert s["geomean_tunefarm_over_metaschedule"] == pytest.approx(
+        w["ratios"]["tunefarm/metaschedule"])
+
+    md = (out / "results.md").read_text()
+    assert "| " + " | ".join(doc["columns"]) + " |" in md
+    assert "| S1 matmul 64³ |" in md and "Geometric mean of tunefarm/MS" in md

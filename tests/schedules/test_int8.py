@@ -1,0 +1,142 @@
+"""`dense-int8-vnni`: every sampled configuration is exact, the kernel uses vpdpbusd on a weight
+packed at compile time, and the trap the packing avoids (tensorizing the unpacked weight) is
+caught by the farm's verification. No tuning runs: candidates are sampled from the space."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from schedules import int8
+from schedules.intrinsics import VNNI_16x4_LLVM22
+from schedules.registry import TEMPLATES, describe
+from tuner import tvm_api as tv
+from tuner.measure import Invalidity, MeasureInput, MeasureOptions
+from tuner.workloads import parse_spec
+from workers.sandbox import _Prepared, measure_one
+
+TARGET = {"kind": "llvm", "mcpu": "znver4", "num-cores": 2}
+
+# building for znver4 works on any x86 host; running needs the instructions
+_HOST = tv.make_target("host")
+needs_vnni = pytest.mark.skipif(not int8.has_vnni(_HOST),
+                                reason="this CPU has no AVX512-VNNI: the kernels cannot run")
+
+
+def workload(m: int, n: int, k: int):
+    return parse_spec({"op": "dense_int8", "shape": [m, n, k]})
+
+
+def sample(w, count: int, seed: int) -> list:
+    """`count` random candidates of the template's space, postprocessed as the search does."""
+    target = tv.make_target(TARGET)
+    tpl = TEMPLATES["dense-int8-vnni"]
+    ctx = tv.tune_context(w.mod(), target, space=tpl.space(w, target), strategy="replay-trace",
+                          seed=seed, num_threads=1)
+    ctx.pre_tuning(max_trials=count, num_trials_per_iter=count,
+                   design_spaces=ctx.generate_design_space())
+    cands = ctx.generate_measure_candidates()
+    ctx.post_tuning()
+    return [c.sch for c in cands]
+
+
+def run_full(w, mod) -> np.ndarray:
+    """Build `mod` as is (weight packing included) and run it on the workload's inputs."""
+    x, wt = w.make_inputs(0)
+    dev = tv.tvm.cpu(0)
+    out = tv.tvm.runtime.tensor(np.zeros(w.arg_specs()[-1][1], "int32"), dev)
+    tv.compile_module(mod, tv.make_target(TARGET))["main"](
+        tv.tvm.runtime.tensor(x, dev), tv.tvm.runtime.tensor(wt, dev), out)
+    return out.numpy()
+
+
+def test_registered_and_applies() -> None:
+    w = workload(32, 64, 64)
+    tpl = TEMPLATES["dense-int8-vnni"]
+    assert tpl.applies(w, tv.make_target(TARGET))
+    # no VNNI (Skylake-X has AVX-512 but not VNNI), not x86, or N/K not multiples of 16/4
+    assert not tpl.applies(w, tv.make_target({"kind": "llvm", "mcpu": "skylake-avx512",
+                                              "num-cores": 2}))
+    assert not tpl.applies(w, tv.make_target({"kind": "llvm", "mtriple": "aarch64-linux-gnu",
+                                              "num-cores": 2}))
+    assert not tpl.applies(workload(32, 40, 64), tv.make_target(TARGET))
+    assert not tpl.applies(workload(32, 64, 66), tv.make_target(TARGET))
+    assert not tpl.applies(parse_spec({"op": "softmax", "shape": [4, 16]}),
+                           tv.make_target(TARGET))
+    knobs = describe("dense-int8-vnni", w)["knobs"]
+    assert {"rows", "vectors", "k_block", "order", "parallel", "unroll"} <= set(knobs)
+    assert knobs["vectors"]["extent"] == 4
+
+
+@needs_vnni
+@pytest.mark.parametrize(("shape", "count", "seed"), [((32, 64, 64), 16, 0),
+                                                       ((6, 48, 20), 6, 1),
+                                                       ((1, 16, 4), 2, 2)])
+def test_sampled_candidates_are_exact(shape: tuple[int, int, int], count: int, seed: int) -> None:
+    w = workload(*shape)
+    ref = w.reference(w.make_inputs(0))[0]
+    schs = sample(w, count, seed)
+    assert len(schs) == count
+    for sch in schs:
+        decisions = tv.trace_decisions(sch.trace)
+        np.testing.assert_array_equal(run_full(w, sch.mod), ref, err_msg=str(decisions))
+
+
+def test_sampled_register_budget() -> None:
+    """No sampled micro-kernel spills: rows x vectors accumulators + one weight tile per vector
+    fit the 32 zmm registers."""
+    for sch in sample(workload(128, 768, 64), 24, 3):
+        rows, vectors = (d[2][-1] for d in tv.trace_decisions(sch.trace)[:2])
+        assert rows * vectors + vectors <= int8.ZMM_REGISTERS
+
+
+def test_kernel_uses_vpdpbusd_on_packed_weight() -> None:
+    w = workload(32, 64, 64)
+    sch = sample(w, 1, 4)[0]
+    kernel = tv.strip_layout_rewrite(sch.mod)
+    # the timed kernel takes the weight pre-packed (the packing block is emptied)
+    assert tv.param_specs(kernel) == [((32, 64), "uint8"), ((4, 16, 16, 4), "int8"),
+                                      ((32, 64), "int32")]
+    asm = tv.compile_module(kernel, tv.make_target(TARGET)).inspect_source("asm")
+    assert "vpdpbusd" in asm
+    # and the trace (what the database stores) replays to the same program
+    replayed = tv.apply_trace(w.mod(), tv.trace_to_json(sch.trace))
+    assert tv.structural_equal(replayed.mod, sch.mod)
+
+
+def unpacked_vnni(w):
+    """The trap: the same micro-kernel tensorized on the plain [N, K] weight. `tensorize` accepts
+    it (it does not check that the 16x4 tile is contiguous), it compiles, and it reads 64
+    consecutive bytes of ONE weight row where the intrinsic expects 16 rows x 4."""
+    sch = tv.Schedule(w.mod())
+    block = sch.get_sblock("T_matmul_NT")
+    i, j, k = sch.get_loops(block)
+    i0, i1 = sch.split(i, [None, 2])
+    j0, j1 = sch.split(j, [None, 16])
+    k0, k1 = sch.split(k, [None, 4])
+    sch.reorder(i0, j0, k0, i1, j1, k1)
+    sch.decompose_reduction(block, k0)
+    sch.tensorize(j1, VNNI_16x4_LLVM22)
+    return sch
+
+
+@needs_vnni
+def test_unpacked_tensorization_is_caught_as_wrong() -> None:
+    w = workload(8, 32, 16)
+    sch = unpacked_vnni(w)
+    assert "vpdpbusd" in tv.compile_module(sch.mod, tv.make_target(TARGET)).inspect_source("asm")
+    ref = w.reference(w.make_inputs(0))[0]
+    assert not np.array_equal(run_full(w, sch.mod), ref)
+    # the farm's sandbox verifies every candidate against the numpy reference: a wrong answer
+    opts = MeasureOptions(repeats=1, min_repeat_ms=1.0)
+    bad = MeasureInput(trial_id="unpacked", workload_key=w.key, workload_spec=w.spec,
+                       target=TARGET, trace_json=tv.trace_to_json(sch.trace), options=opts)
+    res = measure_one(bad, _Prepared(w.spec), lambda msg: None)
+    assert res.invalidity == Invalidity.WRONG_ANSWER, res.error_msg
+    # while a packed candidate of the template passes and is timed on the pre-packed weight
+    good = MeasureInput(trial_id="packed", workload_key=w.key, workload_spec=w.spec,
+                        target=TARGET, trace_json=tv.trace_to_json(sample(w, 1, 5)[0].trace),
+                        options=opts)
+    res = measure_one(good, _Prepared(w.spec), lambda msg: None)
+    assert res.invalidity == Invalidity.OK, res.error_msg
+    assert res.max_abs_err == 0.0
