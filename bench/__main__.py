@@ -54,6 +54,11 @@ def set_thread_env(threads: int) -> None:
               file=sys.stderr)
     for var in ("TVM_NUM_THREADS", "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
         os.environ[var] = str(threads)
+    # TVM's thread pool pins the calling (main) thread to core 0 on its first parallel call; the
+    # OpenMP threads PyTorch creates afterwards inherit that mask and all run on ONE core (seen:
+    # torch matmul 13-35 ms instead of ~10 ms in the interleaved timing). Three libraries share
+    # this process, so no one pins.
+    os.environ.setdefault("TVM_BIND_THREADS", "0")
     # MetaSchedule's popen workers unpickle bench.msbuild.fast_build: make `bench` importable
     paths = [str(REPO), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
     os.environ["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))

@@ -22,7 +22,10 @@ from typing import Any
 
 import numpy as np
 
-PAUSE_S = 0.05  # between timings: lets the previous library's spinning worker threads go idle
+# between timings: lets the previous library's spinning worker threads go idle. OpenBLAS threads
+# busy-wait ~2^28 cycles (~65 ms here) after a call and TVM's spin too: measured, a torch matmul
+# right after a TVM kernel took 13.6 ms, after a 100 ms pause 10.6 ms.
+PAUSE_S = 0.3
 
 
 def check(outputs: list[np.ndarray], reference: list[np.ndarray], rtol: float,

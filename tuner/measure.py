@@ -37,6 +37,9 @@ class MeasureOptions:
     run_timeout_s: float = 30.0
     num_threads: int = 1
     verify: bool = True
+    # programs with packed weights need a second build to verify: only when the kernel is faster
+    # than this (the best so far); None: always. Other programs are always verified.
+    verify_below_s: float | None = None
 
 
 @dataclass(frozen=True)

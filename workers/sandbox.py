@@ -89,56 +89,92 @@ def _random(rng: np.random.Generator, shape: tuple[int, ...], dtype: str) -> np.
     return rng.uniform(-1, 1, size=shape).astype(dtype)
 
 
+def _time(rt: Any, args: list[Any], opts: Any, dev: Any) -> tuple[float, ...]:
+    if opts.cache_flush:
+        # number=1 so every timed run starts with cold caches (TVM flushes all args but the first)
+        ev = rt.time_evaluator("main", dev, number=1, repeat=max(opts.repeats, 1),
+                               f_preproc="cache_flush_cpu_non_first_arg")
+    else:
+        ev = rt.time_evaluator("main", dev, number=1, repeat=max(opts.repeats, 1),
+                               min_repeat_ms=int(math.ceil(opts.min_repeat_ms)))
+    return tuple(float(x) for x in ev(*args).results)
+
+
+def _run_and_check(rt: Any, prep: _Prepared, send: Any, trial_id: str, dev: Any
+                   ) -> tuple[list[Any], bool, float | None, str | None]:
+    """Run the program on the workload's inputs (outputs zeroed) and compare with the reference."""
+    from tuner import tvm_api as tv
+
+    n_in = len(prep.inputs)
+    args = [tv.tvm.runtime.tensor(a, dev) for a in prep.inputs]
+    for _, shape, dtype in prep.arg_specs[n_in:]:  # zeroed, as the references assume
+        args.append(tv.tvm.runtime.tensor(np.zeros(shape, dtype), dev))
+    rt["main"](*args)
+    outputs = [a.numpy() for a in args[n_in:]]
+    reference = prep.ensure_reference(send, trial_id)
+    send({"trial_id": trial_id, "phase": "running"})
+    ok, max_err, why = _check(outputs, reference, prep.rtol, prep.atol)
+    return args, ok, max_err, why
+
+
 def measure_one(inp: MeasureInput, prep: _Prepared, send: Any) -> MeasureResult:
+    """Build, verify and time one candidate.
+
+    A program whose weights MetaSchedule/templates pack (layout-rewrite blocks) is timed as the
+    kernel alone, on pre-packed weights; verifying it needs a second build of the whole program,
+    which is done only when the kernel beats `verify_below_s` (the job's best so far): every
+    candidate that could become best is verified, the rest are not built twice.
+    """
     from tuner import tvm_api as tv
 
     opts = inp.options
-    send({"trial_id": inp.trial_id, "phase": "building"})
+    tid = inp.trial_id
+    send({"trial_id": tid, "phase": "building"})
     t0 = time.perf_counter()
     try:
         target = tv.make_target(inp.target)
         sch = tv.apply_trace(prep.mod, inp.trace_json)
         kernel_mod = tv.strip_layout_rewrite(sch.mod)
         rt = tv.compile_module(kernel_mod, target)
-        build_s = time.perf_counter() - t0
-        # weights in a packed layout: verify the whole program (packing included), time the kernel
         packed = tv.param_specs(kernel_mod) != [(s, d) for _, s, d in prep.arg_specs]
-        rt_verify = tv.compile_module(sch.mod, target) if packed and opts.verify else rt
     except Exception as exc:  # noqa: BLE001 - a failed build is data
-        return MeasureResult.failure(inp.trial_id, Invalidity.BUILD_ERROR, _first_line(exc))
-    send({"trial_id": inp.trial_id, "phase": "running", "build_s": build_s})
+        return MeasureResult.failure(tid, Invalidity.BUILD_ERROR, _first_line(exc))
+    build_s = time.perf_counter() - t0
+    send({"trial_id": tid, "phase": "running", "build_s": build_s})
+    dev = tv.tvm.cpu(0)
+    max_err = None
     try:
-        dev = tv.tvm.cpu(0)
-        n_in = len(prep.inputs)
-        args = [tv.tvm.runtime.tensor(a, dev) for a in prep.inputs]
-        for _, shape, dtype in prep.arg_specs[n_in:]:  # zeroed, as the references assume
-            args.append(tv.tvm.runtime.tensor(np.zeros(shape, dtype), dev))
-        rt_verify["main"](*args)  # warm-up, and the output we verify
-        max_err = None
-        if opts.verify:
-            outputs = [a.numpy() for a in args[n_in:]]
-            reference = prep.ensure_reference(send, inp.trial_id)
-            send({"trial_id": inp.trial_id, "phase": "running"})
-            ok, max_err, why = _check(outputs, reference, prep.rtol, prep.atol)
-            if not ok:
-                return MeasureResult.failure(inp.trial_id, Invalidity.WRONG_ANSWER, why or "wrong answer",
+        if not packed:
+            args, ok, max_err, why = _run_and_check(rt, prep, send, tid, dev)
+            if opts.verify and not ok:
+                return MeasureResult.failure(tid, Invalidity.WRONG_ANSWER, why or "wrong answer",
                                              build_s=build_s, max_abs_err=max_err)
-        if packed:
+            if not opts.verify:
+                max_err = None
+        else:
             rng = np.random.default_rng(0)
             args = [tv.tvm.runtime.tensor(_random(rng, shape, dtype), dev)
                     for shape, dtype in tv.param_specs(kernel_mod)]
             rt["main"](*args)  # warm-up of the timed kernel
-        if opts.cache_flush:
-            # number=1 so every timed run starts with cold caches (TVM flushes all args but the first)
-            ev = rt.time_evaluator("main", dev, number=1, repeat=max(opts.repeats, 1),
-                                   f_preproc="cache_flush_cpu_non_first_arg")
-        else:
-            ev = rt.time_evaluator("main", dev, number=1, repeat=max(opts.repeats, 1),
-                                   min_repeat_ms=int(math.ceil(opts.min_repeat_ms)))
-        latencies = tuple(float(x) for x in ev(*args).results)
+        latencies = _time(rt, args, opts, dev)
     except Exception as exc:  # noqa: BLE001
-        return MeasureResult.failure(inp.trial_id, Invalidity.RUN_ERROR, _first_line(exc), build_s=build_s)
-    return MeasureResult(trial_id=inp.trial_id, invalidity=Invalidity.OK, latencies_s=latencies,
+        return MeasureResult.failure(tid, Invalidity.RUN_ERROR, _first_line(exc), build_s=build_s)
+    median = float(np.median(latencies))
+    if packed and opts.verify and (opts.verify_below_s is None or median < opts.verify_below_s):
+        send({"trial_id": tid, "phase": "building"})
+        try:
+            rt_whole = tv.compile_module(sch.mod, target)
+        except Exception as exc:  # noqa: BLE001
+            return MeasureResult.failure(tid, Invalidity.BUILD_ERROR, _first_line(exc), build_s=build_s)
+        send({"trial_id": tid, "phase": "running"})
+        try:
+            _, ok, max_err, why = _run_and_check(rt_whole, prep, send, tid, dev)
+        except Exception as exc:  # noqa: BLE001
+            return MeasureResult.failure(tid, Invalidity.RUN_ERROR, _first_line(exc), build_s=build_s)
+        if not ok:
+            return MeasureResult.failure(tid, Invalidity.WRONG_ANSWER, why or "wrong answer",
+                                         build_s=build_s, max_abs_err=max_err)
+    return MeasureResult(trial_id=tid, invalidity=Invalidity.OK, latencies_s=latencies,
                          build_s=build_s, max_abs_err=max_err)
 
 

@@ -126,3 +126,26 @@ def test_check_compares_against_the_reference(got: np.ndarray, ok: bool) -> None
     passed, _, why = _check([got], [np.array([1.0, 2.0])], rtol=1e-3, atol=1e-3)
     assert passed is ok
     assert (why is None) is ok
+
+
+def test_packed_programs_are_verified_when_they_could_be_best() -> None:
+    """A kernel with pre-packed weights needs a second build to verify: done for every candidate
+    that beats the best so far (verify_below_s), skipped for the others."""
+    from dataclasses import replace
+
+    from schedules.registry import TEMPLATES, _load
+
+    _load()
+    spec = {"op": "dense", "shape": [16, 32, 24]}
+    wl = parse_spec(spec)
+    sch = TEMPLATES["gemm-x86"].apply(tv.Schedule(wl.mod(), seed=3), wl, tv.make_target(TARGET))[0]
+    base = _inp(spec, "t-packed", trace_json=tv.trace_to_json(sch.trace))
+    with LocalMeasurer() as m:
+        first = m.measure_one(base)  # no best yet: verified
+        slower = m.measure_one(replace(base, trial_id="t-slower",
+                                       options=replace(base.options, verify_below_s=1e-12)))
+        faster = m.measure_one(replace(base, trial_id="t-faster",
+                                       options=replace(base.options, verify_below_s=10.0)))
+    assert first.ok and first.max_abs_err is not None
+    assert slower.ok and slower.max_abs_err is None
+    assert faster.ok and faster.max_abs_err is not None

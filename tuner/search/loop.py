@@ -212,7 +212,8 @@ class Tuner:
                 feats = model.features(ctx, [c for c, _ in fresh])
                 trained, lats, notified = [], [], []
                 for (c, h), x in zip(fresh, feats, strict=True):
-                    res = self._measure(req, job.id, c, h, wid, tref.id, x)
+                    opts = replace(req.options, verify_below_s=best.median_s if best else None)
+                    res = self._measure(req, job.id, c, h, wid, tref.id, x, opts)
                     if res.invalidity == Invalidity.WORKER_LOST:
                         continue  # not measured: may come back, never trains the model
                     measured[h] = res
@@ -250,14 +251,14 @@ class Tuner:
         return self._summary(job.id, req, tref, done, measured_now, dups, stop, t0, wid)
 
     def _measure(self, req: TuneRequest, job_id: str, cand: Any, cand_hash: str, wid: int,
-                 target_id: int, x: np.ndarray) -> MeasureResult:
+                 target_id: int, x: np.ndarray, opts: MeasureOptions) -> MeasureResult:
         """Measure and commit one candidate. An infrastructure failure is recorded under its own
         attempt id (the trial id stays free for the real result) and retried once; too many in a
         row fail the job instead of spinning."""
         tid = trial_id(job_id, cand_hash)
         inp = MeasureInput(trial_id=tid, workload_key=req.workload.key,
                            workload_spec=req.workload.spec, target=req.target,
-                           trace_json=tv.trace_to_json(cand.sch.trace), options=req.options)
+                           trace_json=tv.trace_to_json(cand.sch.trace), options=opts)
         for _attempt in range(2):
             res = self.measurer.measure_one(inp)
             if res.invalidity != Invalidity.WORKER_LOST:
