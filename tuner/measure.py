@@ -10,7 +10,7 @@ import json
 import statistics
 from dataclasses import asdict, dataclass, field
 from enum import StrEnum
-from typing import Any
+from typing import Any, Protocol
 
 
 class Invalidity(StrEnum):
@@ -42,6 +42,13 @@ class MeasureOptions:
     verify_below_s: float | None = None
 
 
+class Measurer(Protocol):
+    """What the search loop measures with. `prepare` (optional) sees a batch before its
+    candidates are measured one by one, e.g. to build them in parallel."""
+
+    def measure_one(self, inp: MeasureInput) -> MeasureResult: ...
+
+
 @dataclass(frozen=True)
 class MeasureInput:
     trial_id: str
@@ -50,6 +57,7 @@ class MeasureInput:
     target: dict[str, Any]
     trace_json: str
     options: MeasureOptions = field(default_factory=MeasureOptions)
+    artifact: str | None = None  # a kernel library already built for this trial, on this host
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))

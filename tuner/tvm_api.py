@@ -45,11 +45,12 @@ from tvm import te, topi  # noqa: E402
 from tvm.s_tir import Schedule, Trace  # noqa: E402
 from tvm.s_tir import meta_schedule as ms  # noqa: E402
 from tvm.ir.utils import derived_object  # noqa: E402
+from tvm.support.popen_pool import PopenPoolExecutor  # noqa: E402
 
 logging.getLogger("tvm.s_tir.meta_schedule").setLevel(logging.WARNING)
 
 __all__ = [
-    "tvm", "tvm_ffi", "te", "topi", "ms", "Schedule", "Trace", "derived_object", "tune_context",
+    "tvm", "tvm_ffi", "te", "topi", "ms", "Schedule", "Trace", "derived_object", "tune_context", "PopenPoolExecutor",
     "tvm_version", "structural_hash", "structural_equal", "save_json", "load_json",
     "make_target", "host_target_dict", "target_to_dict", "canonical_target_json",
     "trace_to_json", "trace_decisions", "apply_trace", "compile_module", "prim_func_from_tvmscript",

@@ -21,10 +21,12 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from tuner.measure import Invalidity, MeasureInput, MeasureResult
+from workers.builder import Built, Prebuilder
 
 log = logging.getLogger(__name__)
 
@@ -141,8 +143,16 @@ class _Child:
 class LocalMeasurer:
     """Measures candidates one at a time in a sandbox child; never raises for a bad kernel."""
 
-    def __init__(self, *, worker_id: str | None = None, log_dir: Path | None = None) -> None:
+    def __init__(self, *, worker_id: str | None = None, log_dir: Path | None = None,
+                 build_workers: int | None = None) -> None:
+        """`build_workers`: processes that build a prepared batch in parallel (default: one per
+        core; 0 builds each candidate in the sandbox, serially)."""
+        from tuner.config import physical_cores
+
         self.worker_id = worker_id or f"{socket.gethostname()}:{os.getpid()}:local"
+        n = physical_cores() if build_workers is None else build_workers
+        self._prebuilder = Prebuilder(n) if n > 0 else None
+        self._built: dict[str, Built] = {}
         self._own_log_dir = log_dir is None
         self._log_dir = Path(log_dir or tempfile.mkdtemp(prefix="tunefarm-sandbox-"))
         self._log_dir.mkdir(parents=True, exist_ok=True)
@@ -173,7 +183,26 @@ class LocalMeasurer:
             results.append(res)
         return results
 
+    def prepare(self, inputs: list[MeasureInput]) -> None:
+        """Build a batch in parallel now; `measure_one` then only loads, verifies and times."""
+        if self._prebuilder is not None:
+            self._built.update(self._prebuilder.build(list(inputs)))
+
     def measure_one(self, inp: MeasureInput) -> MeasureResult:
+        built = self._built.pop(inp.trial_id, None)
+        if built is None:
+            return self._measure_in_sandbox(inp)
+        if built.path is None:
+            return self._tag(MeasureResult.failure(inp.trial_id, built.invalidity or Invalidity.BUILD_ERROR,
+                                                   built.error_msg or "build failed"))
+        try:
+            res = self._measure_in_sandbox(replace(inp, artifact=built.path))
+        finally:
+            assert self._prebuilder is not None
+            self._prebuilder.discard(built.path)
+        return replace(res, build_s=built.build_s)
+
+    def _measure_in_sandbox(self, inp: MeasureInput) -> MeasureResult:
         try:
             child = self._ensure_child(inp.options.num_threads)
         except (_ChildDied, _Deadline, OSError) as exc:
@@ -214,8 +243,6 @@ class LocalMeasurer:
             return self._tag(MeasureResult.failure(inp.trial_id, inv, msg, build_s=build_s))
 
     def _tag(self, res: MeasureResult) -> MeasureResult:
-        from dataclasses import replace
-
         return replace(res, worker=self.worker_id)
 
     def close(self) -> None:
@@ -224,6 +251,8 @@ class LocalMeasurer:
             self._child = None
         if self._own_log_dir:
             shutil.rmtree(self._log_dir, ignore_errors=True)
+        if self._prebuilder is not None:
+            self._prebuilder.close()
 
     def __enter__(self) -> LocalMeasurer:
         return self

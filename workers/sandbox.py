@@ -135,7 +135,10 @@ def measure_one(inp: MeasureInput, prep: _Prepared, send: Any) -> MeasureResult:
         target = tv.make_target(inp.target)
         sch = tv.apply_trace(prep.mod, inp.trace_json)
         kernel_mod = tv.strip_layout_rewrite(sch.mod)
-        rt = tv.compile_module(kernel_mod, target)
+        if inp.artifact:  # built ahead by workers.builder
+            rt = tv.tvm.runtime.load_module(inp.artifact)
+        else:
+            rt = tv.compile_module(kernel_mod, target)
         packed = tv.param_specs(kernel_mod) != [(s, d) for _, s, d in prep.arg_specs]
     except Exception as exc:  # noqa: BLE001 - a failed build is data
         return MeasureResult.failure(tid, Invalidity.BUILD_ERROR, _first_line(exc))

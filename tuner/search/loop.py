@@ -18,7 +18,7 @@ import uuid
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 
@@ -27,15 +27,11 @@ from tuner import tvm_api as tv
 from tuner.db.models import JobState
 from tuner.db.store import NewRecord, Store
 from tuner.errors import TunefarmError
-from tuner.measure import Invalidity, MeasureInput, MeasureOptions, MeasureResult
+from tuner.measure import Invalidity, MeasureInput, MeasureOptions, MeasureResult, Measurer
 from tuner.search.costmodel import XGBCostModel
 from tuner.workloads import Workload
 
 log = logging.getLogger(__name__)
-
-
-class Measurer(Protocol):
-    def measure_one(self, inp: MeasureInput) -> MeasureResult: ...
 
 
 @dataclass(frozen=True)
@@ -210,10 +206,14 @@ class Tuner:
                     stop = "search keeps proposing measured candidates"
                     break
                 feats = model.features(ctx, [c for c, _ in fresh])
+                inputs = [self._input(req, job.id, c, h) for c, h in fresh]
+                if hasattr(self.measurer, "prepare"):  # e.g. build the batch in parallel
+                    self.measurer.prepare(inputs)
                 trained, lats, notified = [], [], []
-                for (c, h), x in zip(fresh, feats, strict=True):
+                for (c, h), x, inp in zip(fresh, feats, inputs, strict=True):
                     opts = replace(req.options, verify_below_s=best.median_s if best else None)
-                    res = self._measure(req, job.id, c, h, wid, tref.id, x, opts)
+                    res = self._measure(req, job.id, c, h, wid, tref.id, x,
+                                        replace(inp, options=opts))
                     if res.invalidity == Invalidity.WORKER_LOST:
                         continue  # not measured: may come back, never trains the model
                     measured[h] = res
@@ -250,15 +250,18 @@ class Tuner:
         report(message=stop)
         return self._summary(job.id, req, tref, done, measured_now, dups, stop, t0, wid)
 
+    @staticmethod
+    def _input(req: TuneRequest, job_id: str, cand: Any, cand_hash: str) -> MeasureInput:
+        return MeasureInput(trial_id=trial_id(job_id, cand_hash), workload_key=req.workload.key,
+                            workload_spec=req.workload.spec, target=req.target,
+                            trace_json=tv.trace_to_json(cand.sch.trace), options=req.options)
+
     def _measure(self, req: TuneRequest, job_id: str, cand: Any, cand_hash: str, wid: int,
-                 target_id: int, x: np.ndarray, opts: MeasureOptions) -> MeasureResult:
+                 target_id: int, x: np.ndarray, inp: MeasureInput) -> MeasureResult:
         """Measure and commit one candidate. An infrastructure failure is recorded under its own
         attempt id (the trial id stays free for the real result) and retried once; too many in a
         row fail the job instead of spinning."""
-        tid = trial_id(job_id, cand_hash)
-        inp = MeasureInput(trial_id=tid, workload_key=req.workload.key,
-                           workload_spec=req.workload.spec, target=req.target,
-                           trace_json=tv.trace_to_json(cand.sch.trace), options=opts)
+        tid = inp.trial_id
         for _attempt in range(2):
             res = self.measurer.measure_one(inp)
             if res.invalidity != Invalidity.WORKER_LOST:

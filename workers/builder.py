@@ -1,0 +1,101 @@
+"""Parallel builds ahead of measurement.
+
+Building is most of a candidate's measuring cost, and it needs no quiet machine: a batch is
+compiled by a pool of build processes (one per core) *before* its candidates are timed one by one
+in the sandbox, which then only loads the built library. A build that raises is a `build_error`,
+one past the deadline a `build_timeout` (the pool kills that worker); both are results, never
+exceptions. The pool is TVM's popen pool: it kills a worker past its deadline and respawns it.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from tuner.measure import Invalidity, MeasureInput
+
+_WORKLOADS: dict[str, Any] = {}
+
+
+def build_kernel(inp_json: str, out_dir: str) -> tuple[str, float]:
+    """(In a build process.) Replay, strip weight packing, compile, export; returns (path, secs)."""
+    import schedules.families  # noqa: F401 - tensor intrinsics the trace may use
+    from tuner import tvm_api as tv
+    from tuner.workloads import parse_spec
+
+    t0 = time.perf_counter()
+    inp = MeasureInput.from_json(inp_json)
+    wl = _WORKLOADS.get(inp.workload_key)
+    if wl is None:
+        wl = _WORKLOADS[inp.workload_key] = parse_spec(inp.workload_spec)
+    sch = tv.apply_trace(wl.mod(), inp.trace_json)
+    rt = tv.compile_module(tv.strip_layout_rewrite(sch.mod), tv.make_target(inp.target))
+    path = os.path.join(out_dir, f"{inp.trial_id}.so")
+    rt.export_library(path)
+    return path, time.perf_counter() - t0
+
+
+@dataclass(frozen=True)
+class Built:
+    path: str | None  # the kernel library, or None when the build failed
+    build_s: float | None = None
+    invalidity: Invalidity | None = None
+    error_msg: str | None = None
+
+
+class Prebuilder:
+    def __init__(self, workers: int = 2) -> None:
+        from tuner.tvm_api import PopenPoolExecutor
+
+        self._workers = workers
+        self._pool: Any = None
+        self._pool_cls = PopenPoolExecutor
+        self._timeout: float | None = None
+        self._dir = tempfile.mkdtemp(prefix="tunefarm-build-")
+
+    def build(self, inputs: list[MeasureInput]) -> dict[str, Built]:
+        if not inputs:
+            return {}
+        timeout = max(inp.options.build_timeout_s for inp in inputs)
+        if self._pool is None or self._timeout != timeout:
+            self.close_pool()
+            self._pool = self._pool_cls(max_workers=self._workers, timeout=timeout)
+            self._timeout = timeout
+        futures = [(inp, self._pool.submit(build_kernel, inp.to_json(), self._dir)) for inp in inputs]
+        out: dict[str, Built] = {}
+        for inp, fut in futures:
+            try:
+                path, secs = fut.result()
+                out[inp.trial_id] = Built(path, secs)
+            except TimeoutError:
+                out[inp.trial_id] = Built(None, None, Invalidity.BUILD_TIMEOUT,
+                                          f"build did not finish within {timeout:g} s; worker killed")
+            except ChildProcessError as exc:
+                out[inp.trial_id] = Built(None, None, Invalidity.BUILD_ERROR,
+                                          f"the build process died: {exc}")
+            except Exception as exc:  # noqa: BLE001 - a failed build is data
+                lines = [ln for ln in str(exc).splitlines() if ln.strip()]
+                msg = " | ".join(lines[:2] + (["..."] + lines[-3:] if len(lines) > 5 else lines[2:]))
+                out[inp.trial_id] = Built(None, None, Invalidity.BUILD_ERROR,
+                                          f"{type(exc).__name__}: {msg}"[:2000])
+        return out
+
+    def discard(self, path: str | None) -> None:
+        if path:
+            try:
+                os.remove(path)
+            except OSError:
+                pass
+
+    def close_pool(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=False)
+            self._pool = None
+
+    def close(self) -> None:
+        self.close_pool()
+        shutil.rmtree(self._dir, ignore_errors=True)
