@@ -76,9 +76,23 @@ class Template(ABC):
     def mutators(self, target: Any) -> dict[Any, float]:
         return cpu_mutators()
 
+    def design_variants(self) -> list[dict[str, Any]]:
+        """Keyword arguments of `apply` that each make one design space (structural choices
+        replay cannot change); empty: `apply` alone makes the space(s)."""
+        return []
+
     def space(self, workload: Any, target: Any) -> Any:
+        variants = self.design_variants()
+
         def sch_fn(sch: Any) -> Any:
-            return self.apply(sch, workload, target)
+            if not variants:
+                return self.apply(sch, workload, target)
+            spaces = []
+            for kw in variants:
+                s = sch.copy()
+                self.apply(s, workload, target, **kw)
+                spaces.append(s)
+            return spaces
 
         return ms.space_generator.ScheduleFn(sch_fn, sch_rules=[], postprocs=self.postprocs(target),
                                              mutator_probs=self.mutators(target))

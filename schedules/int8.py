@@ -179,15 +179,5 @@ class DenseInt8VNNI(Template):
         # one); here the parallel extent is a sampled categorical, resampled with the population
         return {ms.mutator.MutateTileSize(): 0.9, ms.mutator.MutateUnroll(): 0.1}
 
-    def space(self, workload: Any, target: Any) -> Any:
-        def sch_fn(sch: Any) -> list[Any]:
-            spaces = []
-            for order in ORDERS:
-                s = sch.copy()
-                self.apply(s, workload, target, order=order)
-                spaces.append(s)
-            return spaces
-
-        return ms.space_generator.ScheduleFn(sch_fn, sch_rules=[],
-                                             postprocs=self.postprocs(target),
-                                             mutator_probs=self.mutators(target))
+    def design_variants(self) -> list[dict[str, Any]]:
+        return [{"order": v} for v in ORDERS]

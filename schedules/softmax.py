@@ -145,15 +145,5 @@ class SoftmaxX86(Template):
     def mutators(self, target: Any) -> dict[Any, float]:
         return {ms.mutator.MutateTileSize(): 0.8, ms.mutator.MutateUnroll(): 0.2}
 
-    def space(self, workload: Any, target: Any) -> Any:
-        def sch_fn(sch: Any) -> list[Any]:
-            spaces = []
-            for norm in NORMS:
-                s = sch.copy()
-                self.apply(s, workload, target, norm=norm)
-                spaces.append(s)
-            return spaces
-
-        return ms.space_generator.ScheduleFn(sch_fn, sch_rules=[],
-                                             postprocs=self.postprocs(target),
-                                             mutator_probs=self.mutators(target))
+    def design_variants(self) -> list[dict[str, Any]]:
+        return [{"norm": v} for v in NORMS]
