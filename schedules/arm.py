@@ -50,7 +50,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from schedules.base import Template
+from schedules.base import Template, finish_register_tile
 from schedules.registry import register
 from tuner.tvm_api import tvm
 
@@ -177,17 +177,8 @@ class DenseNeonAarch64(Template):
         j0, j1, j2 = sch.split(jo, sch.sample_perfect_tile(jo, n=3, max_innermost_factor=4))
         k0, k1 = sch.split(k, sch.sample_perfect_tile(k, n=2, max_innermost_factor=8))
         sch.reorder(i0, j0, i1, j1, k0, k1, i2, j2, jl)
-        acc = sch.cache_write(blk, 0, "local")
-        sch.reverse_compute_at(acc, j1, preserve_unit_loops=True)
-        sch.parallel(sch.fuse(i0, j0))
-        sch.unroll(k1)
-        sch.unroll(i2)
-        sch.unroll(j2)
-        sch.vectorize(jl)
-        init = sch.decompose_reduction(blk, k0)
-        sch.vectorize(sch.get_loops(init)[-1])
-        _, wl = sch.split(sch.get_loops(acc)[-1], [None, LANES])
-        sch.vectorize(wl)
+        finish_register_tile(sch, blk, parallel=[i0, j0], acc_at=j1, unrolled=[k1, i2, j2],
+                             vector=jl, k0=k0, lanes=LANES)
 
 
 def schedule_dense_int8(sch: Any, tensorize: bool = True) -> None:
@@ -204,16 +195,8 @@ def schedule_dense_int8(sch: Any, tensorize: bool = True) -> None:
     ko, k4 = sch.split(k, [None, DOT_K])
     k0, k1 = sch.split(ko, sch.sample_perfect_tile(ko, n=2, max_innermost_factor=8))
     sch.reorder(i0, j0, i1, j1, k0, k1, i2, j2, j4, k4)
-    acc = sch.cache_write(blk, 0, "local")
-    sch.reverse_compute_at(acc, j1, preserve_unit_loops=True)
-    sch.parallel(sch.fuse(i0, j0))
-    sch.unroll(k1)
-    sch.unroll(i2)
-    sch.unroll(j2)
-    init = sch.decompose_reduction(blk, k0)
-    sch.vectorize(sch.get_loops(init)[-1])
-    _, wl = sch.split(sch.get_loops(acc)[-1], [None, LANES])
-    sch.vectorize(wl)
+    finish_register_tile(sch, blk, parallel=[i0, j0], acc_at=j1, unrolled=[k1, i2, j2],
+                         vector=None, k0=k0, lanes=LANES)
     if tensorize:
         sch.tensorize(j4, USDOT_LOCAL_INTRIN)
 

@@ -47,6 +47,25 @@ def vector_lanes(target: Any, dtype_bits: int = 32) -> int:
     return width // dtype_bits
 
 
+def finish_register_tile(sch: Any, blk: Any, *, parallel: list[Any], acc_at: Any,
+                         unrolled: list[Any], vector: Any | None, k0: Any, lanes: int) -> None:
+    """The register-blocked micro-kernel's epilogue shared by the GEMM-like templates: a local
+    accumulator written back at `acc_at`, the outer tiles fused and parallel, the micro-kernel
+    unrolled (and vectorized), then the reduction split into init + update with both the init and
+    the write-back vectorized (vectorize/parallel must precede decompose_reduction)."""
+    acc = sch.cache_write(blk, 0, "local")
+    sch.reverse_compute_at(acc, acc_at, preserve_unit_loops=True)
+    sch.parallel(sch.fuse(*parallel))
+    for loop in unrolled:
+        sch.unroll(loop)
+    if vector is not None:
+        sch.vectorize(vector)
+    init = sch.decompose_reduction(blk, k0)
+    sch.vectorize(sch.get_loops(init)[-1])
+    _, wl = sch.split(sch.get_loops(acc)[-1], [None, lanes])
+    sch.vectorize(wl)
+
+
 class Template(ABC):
     """One family of expert schedules. Subclasses set `name`, `ops`, `description`."""
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from schedules.base import Template, is_x86
+from schedules.base import Template, finish_register_tile, is_x86
 from schedules.registry import register
 
 LANES = 16  # fp32 lanes of a zmm register
@@ -100,15 +100,5 @@ class GemmX86(Template):
         k0, k1 = sch.split(k, [None, self._micro(sch, k, kk, [(4, 0.4), (8, 0.3), (2, 0.2), (16, 0.1)])])
         middle = [i1, j1] if order == "m-outer" else [j1, i1]
         sch.reorder(*batch, i0, j0, *middle, k0, k1, i2, j2, jl)
-        acc = sch.cache_write(blk, 0, "local")
-        sch.reverse_compute_at(acc, middle[-1], preserve_unit_loops=True)
-        sch.parallel(sch.fuse(*batch, i0, j0))
-        sch.unroll(k1)
-        sch.unroll(i2)
-        sch.unroll(j2)
-        sch.vectorize(jl)
-        init = sch.decompose_reduction(blk, k0)
-        sch.vectorize(sch.get_loops(init)[-1])
-        wb = sch.get_loops(acc)[-1]
-        _, wl = sch.split(wb, [None, LANES])
-        sch.vectorize(wl)
+        finish_register_tile(sch, blk, parallel=[*batch, i0, j0], acc_at=middle[-1],
+                             unrolled=[k1, i2, j2], vector=jl, k0=k0, lanes=LANES)
