@@ -39,6 +39,19 @@ class Settings(BaseSettings):
     batch_size: int = 16
     seed: int | None = None
 
+    # service: API, queues, leases (see README "Running the service")
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    redis_prefix: str = "tunefarm:"
+    api_url: str = "http://127.0.0.1:8000"  # where workers and `tunefarm submit` reach the API
+    api_host: str = "127.0.0.1"
+    api_port: int = 8000
+    token: str | None = None  # bearer token of this client or worker (TUNEFARM_TOKEN)
+    lease_s: float = 30.0  # a measurement entry idle this long is handed to another worker
+    heartbeat_s: float = 5.0
+    max_deliveries: int = 3  # deliveries of one measurement before it is dead-lettered
+    queue_wait_s: float = 900.0  # a trial no worker finished by then is a worker_lost failure
+    job_lease_s: float = 30.0  # a tuner that stops renewing this long loses its job to another
+
     def resolved_database_url(self) -> str:
         if self.database_url:
             return self.database_url

@@ -37,3 +37,17 @@ class DatabaseError(TunefarmError):
 
 class NotFound(TunefarmError, LookupError):
     code = "not_found"
+
+
+class Conflict(TunefarmError):
+    """The request conflicts with the current state (e.g. an invalid job state transition)."""
+
+    code = "invalid_transition"
+
+
+class Unauthorized(TunefarmError):
+    code = "unauthorized"
+
+
+class Forbidden(TunefarmError):
+    code = "forbidden"

@@ -58,6 +58,10 @@ class MeasureInput:
     trace_json: str
     options: MeasureOptions = field(default_factory=MeasureOptions)
     artifact: str | None = None  # a kernel library already built for this trial, on this host
+    # what the record of this trial needs besides the result (job_id, workload_id, target_id,
+    # space, cand_hash, decisions, features_b64, tvm_version): whoever commits the result (the
+    # tuner, or the API for a farm worker) writes the full record from it (tuner.db.rows.NewRecord)
+    context: dict[str, Any] | None = None
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))

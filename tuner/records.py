@@ -9,8 +9,10 @@ import json
 from typing import Any
 
 from tuner import tvm_api as tv
-from tuner.db import RecordRow, Store, target_key
+from tuner.db import NewRecord, RecordRow, Store, target_key
 from tuner.errors import NotFound
+
+record_from = NewRecord.from_measurement  # the SQL record of a measured MeasureInput
 
 
 def record_dict(row: RecordRow, *, workload_key: str, flops: int, target_json: str | None = None,

@@ -16,7 +16,7 @@ from sqlalchemy import text
 from tuner.db import JobState, NewRecord, Store, normalize_url, target_key
 from tuner.db.engine import UPGRADE_COMMAND, alembic_config
 from tuner.db.models import Base
-from tuner.errors import DatabaseError, NotFound
+from tuner.errors import Conflict, DatabaseError, NotFound
 from tuner.measure import Invalidity
 
 TARGET = '{"kind": "llvm", "mcpu": "znver5", "num-cores": 2, "keys": ["cpu"]}'
@@ -49,7 +49,7 @@ def test_migrations_from_zero_match_models(db_url: str) -> None:
     with Store(db_url, auto_upgrade=False) as s:
         assert s.current_revision() is None
         s.upgrade()
-        assert s.current_revision() == s.head_revision() == "0001"
+        assert s.current_revision() == s.head_revision() == "0002"
         s.upgrade()  # idempotent
         with s.engine.connect() as conn:
             diff = compare_metadata(MigrationContext.configure(conn, opts={"compare_type": True}),
@@ -61,14 +61,14 @@ def test_migrations_from_zero_match_models(db_url: str) -> None:
             command.downgrade(cfg, "base")
         assert s.current_revision() is None
         s.upgrade()
-        assert s.current_revision() == "0001"
+        assert s.current_revision() == "0002"
 
 
 def test_out_of_date_schema_names_the_fix(db_url: str) -> None:
     with Store(db_url, auto_upgrade=False) as s:  # opening does not fail: the CLI must upgrade
         with pytest.raises(DatabaseError, match=UPGRADE_COMMAND) as info:
             s.count_records()
-        assert UPGRADE_COMMAND == "tunefarm db upgrade" and "0001" in str(info.value)
+        assert UPGRADE_COMMAND == "tunefarm db upgrade" and "0002" in str(info.value)
         s.upgrade()
         assert s.count_records() == 0
 
@@ -80,7 +80,7 @@ def test_auto_upgrade_and_settings_url(tmp_path: Any, monkeypatch: pytest.Monkey
     get_settings.cache_clear()
     try:
         with Store() as s:
-            assert s.current_revision() == "0001" and (tmp_path / "sub/dir/t.db").exists()
+            assert s.current_revision() == "0002" and (tmp_path / "sub/dir/t.db").exists()
             with s.engine.connect() as conn:
                 assert conn.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
                 assert conn.exec_driver_sql("PRAGMA foreign_keys").scalar() == 1
@@ -271,8 +271,12 @@ def test_jobs_state_and_timestamps(store: Store, ids: tuple[int, int]) -> None:
     assert failed.state is JobState.FAILED and failed.error == "boom" and failed.trials == 128
     assert failed.finished_at is not None and failed.finished_at >= failed.started_at
     assert failed.started_at == running.started_at
-    requeued = store.set_job_state(job.id, JobState.QUEUED)
-    assert requeued.finished_at is None and requeued.started_at == running.started_at
+    with pytest.raises(Conflict, match="FAILED; it cannot become QUEUED"):
+        store.set_job_state(job.id, JobState.QUEUED)  # the state machine holds
+    with pytest.raises(Conflict):
+        store.set_job_state(job.id, JobState.RUNNING)  # only a reopen runs a finished job again
+    reopened = store.set_job_state(job.id, JobState.RUNNING, reopen=True)
+    assert reopened.finished_at is None and reopened.started_at == running.started_at
     with pytest.raises(NotFound):
         store.set_job_state("missing", JobState.RUNNING)
     with pytest.raises(NotFound):

@@ -74,6 +74,27 @@ class JobState(StrEnum):
     def is_terminal(self) -> bool:
         return self in (JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED)
 
+    def can_become(self, to: JobState, *, reopen: bool = False) -> bool:
+        """The job state machine (enforced by `tuner.db.jobs.transition`): QUEUED -> RUNNING ->
+        SUCCEEDED | FAILED, cancel through CANCELLING -> CANCELLED; `reopen` lets a finished job
+        run again (the CLI resumes and extends jobs)."""
+        if to is self:
+            return True
+        if reopen and self.is_terminal and to is JobState.RUNNING:
+            return True
+        return to in _TRANSITIONS[self]
+
+
+_TRANSITIONS: dict[JobState, frozenset[JobState]] = {
+    JobState.QUEUED: frozenset({JobState.RUNNING, JobState.CANCELLED, JobState.FAILED}),
+    JobState.RUNNING: frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLING,
+                                 JobState.CANCELLED}),
+    JobState.CANCELLING: frozenset({JobState.CANCELLED, JobState.FAILED}),
+    JobState.SUCCEEDED: frozenset(),
+    JobState.FAILED: frozenset(),
+    JobState.CANCELLED: frozenset(),
+}
+
 
 class Workload(Base):
     __tablename__ = "workloads"
@@ -113,10 +134,14 @@ class Job(Base):
     error: Mapped[str | None] = mapped_column(Text, nullable=True)
     idempotency_key: Mapped[str | None] = mapped_column(String(200), nullable=True, unique=True)
     request_hash: Mapped[str | None] = mapped_column(String(64), nullable=True)
-    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow, index=True)
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
     started_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
     finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    # service: the tuner process running the job holds a lease judged by the database clock
+    lease_owner: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    lease_expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    wall_budget_s: Mapped[float | None] = mapped_column(Float, nullable=True)
 
 
 class Record(Base):
@@ -147,3 +172,36 @@ class Record(Base):
     tvm_version: Mapped[str] = mapped_column(String(64))
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
     measured_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+
+
+class Token(Base):
+    """An API bearer token; only its sha256 is stored."""
+
+    __tablename__ = "tokens"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    name: Mapped[str] = mapped_column(String(128), default="")
+    scope: Mapped[str] = mapped_column(String(16))  # user | worker | admin
+    token_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+
+
+class Worker(Base):
+    """A registered measurement worker (one per process, next to its board)."""
+
+    __tablename__ = "workers"
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    name: Mapped[str] = mapped_column(String(128), default="")
+    device_key: Mapped[str] = mapped_column(String(64), index=True)
+    target_json: Mapped[str] = mapped_column(Text)
+    capabilities_json: Mapped[str] = mapped_column(Text, default="{}")
+    tvm_version: Mapped[str] = mapped_column(String(64), default="")
+    hostname: Mapped[str] = mapped_column(String(255), default="")
+    state: Mapped[str] = mapped_column(String(16), default="idle")
+    measured: Mapped[int] = mapped_column(Integer, default=0)
+    failures: Mapped[int] = mapped_column(Integer, default=0)
+    infra_failures: Mapped[int] = mapped_column(Integer, default=0)
+    registered_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    last_seen_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import base64
 import json
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, NamedTuple
 
-from ..measure import Invalidity
+from ..measure import Invalidity, MeasureInput, MeasureResult
 from . import models as m
 
 
@@ -58,13 +59,17 @@ class JobRow:
     updated_at: datetime
     started_at: datetime | None
     finished_at: datetime | None
+    lease_owner: str | None = None
+    lease_expires_at: datetime | None = None
+    wall_budget_s: float | None = None
 
     @classmethod
     def of(cls, row: m.Job) -> JobRow:
         return cls(row.id, row.job_key, row.workload_id, row.target_id, row.space, row.trials,
                    m.JobState(row.state), json.loads(row.options_json), row.error,
                    row.idempotency_key, row.request_hash, row.created_at, row.updated_at,
-                   row.started_at, row.finished_at)
+                   row.started_at, row.finished_at, row.lease_owner, row.lease_expires_at,
+                   row.wall_budget_s)
 
 
 @dataclass(frozen=True)
@@ -89,6 +94,22 @@ class NewRecord:
     build_s: float | None = None
     features: bytes | None = None  # float32 bytes for the cost model
     measured_at: datetime | None = None  # None: now
+
+    @classmethod
+    def from_measurement(cls, inp: MeasureInput, res: MeasureResult) -> NewRecord:
+        """The record of a measured input; `inp.context` supplies what the result lacks."""
+        ctx = inp.context
+        if not ctx:
+            raise ValueError(f"measure input {inp.trial_id} has no record context")
+        feats = ctx.get("features_b64")
+        return cls(
+            trial_id=res.trial_id, job_id=ctx.get("job_id"), workload_id=int(ctx["workload_id"]),
+            target_id=int(ctx["target_id"]), space=str(ctx["space"]),
+            cand_hash=str(ctx["cand_hash"]), trace_json=inp.trace_json,
+            invalidity=res.invalidity, tvm_version=str(ctx["tvm_version"]),
+            decisions=list(ctx.get("decisions") or []), latencies=list(res.latencies_s),
+            median_s=res.median_s, cv=res.cv, error_msg=res.error_msg, worker=res.worker,
+            build_s=res.build_s, features=base64.b64decode(feats) if feats else None)
 
     def columns(self, now: datetime) -> dict[str, Any]:
         return {

@@ -20,7 +20,7 @@ from sqlalchemy import ColumnElement, func, select
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
-from ..errors import DatabaseError, NotFound
+from ..errors import Conflict, DatabaseError, NotFound
 from ..measure import Invalidity
 from . import models as m
 from .engine import (PG_MIGRATION_LOCK, UPGRADE_COMMAND, alembic_config, canonical_json,
@@ -194,7 +194,8 @@ class Store:
     def create_job(self, *, job_key: str, workload_id: int, target_id: int, space: str,
                    trials: int, options: dict[str, Any] | None = None,
                    state: JobState = JobState.QUEUED, idempotency_key: str | None = None,
-                   request_hash: str | None = None) -> JobRow:
+                   request_hash: str | None = None, wall_budget_s: float | None = None,
+                   lease_owner: str | None = None) -> JobRow:
         """A new job. With an `idempotency_key` that already exists, the existing job is returned
         unchanged (compare its `request_hash` to detect a conflicting request)."""
         now = utcnow()
@@ -202,6 +203,7 @@ class Store:
                       target_id=target_id, space=space, trials=int(trials),
                       state=JobState(state).value, options_json=json.dumps(options or {}),
                       idempotency_key=idempotency_key, request_hash=request_hash,
+                      wall_budget_s=wall_budget_s, lease_owner=lease_owner,
                       created_at=now, updated_at=now,
                       started_at=now if JobState(state) is JobState.RUNNING else None)
         with self.session() as s:
@@ -225,15 +227,22 @@ class Store:
                            .order_by(m.Job.created_at.desc()).limit(1))
             return JobRow.of(row) if row else None
 
-    def set_job_state(self, job_id: str, state: JobState | str, *,
-                      error: str | None = None) -> JobRow:
-        """Move a job to `state`: RUNNING stamps started_at (first time), terminal states stamp
-        finished_at, non-terminal ones clear it; `error` (if given) is stored."""
+    def set_job_state(self, job_id: str, state: JobState | str, *, error: str | None = None,
+                      reopen: bool = False) -> JobRow:
+        """Move a job to `state`, the one place job states change: the move must be allowed by
+        `JobState.can_become` (else `Conflict`). RUNNING stamps started_at (first time), terminal
+        states stamp finished_at and free the lease, others clear finished_at; `error` (if given)
+        is stored."""
         state, now = JobState(state), utcnow()
         with self.session() as s:
             job = s.get(m.Job, job_id, with_for_update=True)
             if job is None:
                 raise NotFound(f"no job {job_id!r}")
+            current = JobState(job.state)
+            if not current.can_become(state, reopen=reopen):
+                raise Conflict(f"job {job_id} is {current}; it cannot become {state}")
+            if state.is_terminal:
+                job.lease_owner = job.lease_expires_at = None
             job.state, job.updated_at = state.value, now
             if state is JobState.RUNNING and job.started_at is None:
                 job.started_at = now
@@ -308,6 +317,12 @@ class Store:
             q = q.limit(int(limit))
         with self.session() as s:
             return [RecordRow.of(r) for r in s.scalars(q)]
+
+    def record(self, trial_id: str) -> RecordRow | None:
+        """The record of one trial, or None."""
+        with self.session() as s:
+            row = s.scalar(select(m.Record).where(m.Record.trial_id == trial_id))
+            return RecordRow.of(row) if row else None
 
     def best(self, workload_id: int, target_id: int, k: int = 1) -> list[RecordRow]:
         """The k fastest valid records (invalidity ok), lowest median first."""

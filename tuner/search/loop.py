@@ -10,6 +10,7 @@ the whole target's history, and a job killed at any point resumes from its commi
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import logging
@@ -25,6 +26,7 @@ import numpy as np
 from schedules.registry import resolve, search_strategy, space_generator
 from tuner import tvm_api as tv
 from tuner.db.models import JobState
+from tuner.db.jobs import LOCAL_OWNER
 from tuner.db.store import NewRecord, Store
 from tuner.errors import TunefarmError
 from tuner.measure import Invalidity, MeasureInput, MeasureOptions, MeasureResult, Measurer
@@ -46,6 +48,7 @@ class TuneRequest:
     seed: int = 0
     fresh: bool = False  # start a new job instead of resuming the last one
     options: MeasureOptions = field(default_factory=MeasureOptions)
+    job_id: str | None = None  # service: run exactly this (queued or resumed) job
 
 
 @dataclass(frozen=True)
@@ -87,17 +90,29 @@ def gflops(flops: int, seconds: float | None) -> float | None:
     return flops / seconds / 1e9 if seconds and flops else None
 
 
+def sample_space(strategy: Any, args_info: Any, n: int) -> list[Any]:
+    """About 1.5 `n` random points of the design space (each design space's trace replayed with
+    fresh decisions, then postprocessed), without evolution. `strategy` is a pre-tuned
+    EvolutionarySearch; it returns at least its `init_min_unmeasured` points."""
+    sample = tv.ms._ffi_api.SearchStrategyEvolutionarySearchSampleInitPopulation  # noqa: SLF001
+    return [tv.ms.MeasureCandidate(sch, args_info) for sch in sample(strategy, n + n // 2)]
+
+
 MAX_LOST_IN_A_ROW = 3  # consecutive infrastructure failures before the job fails
 
 
 class Tuner:
     def __init__(self, store: Store, measurer: Measurer, *,
                  on_progress: Callable[[Progress], None] | None = None,
+                 should_stop: Callable[[], str | None] | None = None,
                  seed_top_k: int = 32, max_dup_batches: int = 8) -> None:
+        """`should_stop` is asked after every measured candidate: None goes on, "cancelled" stops
+        with the job CANCELLED, any other text stops it SUCCEEDED with that reason."""
         self._lost_in_a_row = 0
         self.store = store
         self.measurer = measurer
         self.on_progress = on_progress or (lambda p: None)
+        self.should_stop = should_stop or (lambda: None)
         self.seed_top_k = seed_top_k
         self.max_dup_batches = max_dup_batches
 
@@ -112,12 +127,18 @@ class Tuner:
         return wid, tref, target
 
     def _job(self, req: TuneRequest, wid: int, tref: Any) -> Any:
+        if req.job_id is not None:
+            job = self.store.get_job(req.job_id)
+            if job is None:
+                raise TunefarmError(f"no job {req.job_id!r}")
+            return job
         key = job_key(req.workload.key, tref.key, req.space)
         job = None if req.fresh else self.store.latest_job(key)
         if job is None:
             return self.store.create_job(job_key=key, workload_id=wid, target_id=tref.id, space=req.space,
                                          trials=req.trials, options={"batch_size": req.batch_size,
-                                                                     "seed": req.seed})
+                                                                     "seed": req.seed},
+                                         lease_owner=LOCAL_OWNER)
         if job.trials != req.trials:
             self.store.update_job_trials(job.id, req.trials)
         return self.store.get_job(job.id)
@@ -164,12 +185,20 @@ class Tuner:
             self.on_progress(Progress(job.id, done, req.trials, best_s, gflops(flops, best_s), last,
                                       message))
 
+        reopen = req.job_id is None  # the CLI resumes and extends finished jobs
+        if job.state is JobState.CANCELLING:
+            self.store.set_job_state(job.id, JobState.CANCELLED)
+            report(message="cancelled")
+            return self._summary(job.id, req, tref, done, 0, 0, "cancelled", t0, wid)
         if done >= req.trials:
-            self.store.set_job_state(job.id, JobState.SUCCEEDED)
+            if job.state is JobState.QUEUED:
+                self.store.set_job_state(job.id, JobState.RUNNING)
+            self.store.set_job_state(job.id, JobState.SUCCEEDED, reopen=reopen)
             report(message="budget already spent: nothing to measure")
             return self._summary(job.id, req, tref, done, 0, 0, "budget already spent", t0, wid)
 
-        self.store.set_job_state(job.id, JobState.RUNNING)
+        self.store.set_job_state(job.id, JobState.RUNNING, reopen=reopen)
+        final = JobState.SUCCEEDED
         report(message="resuming" if done else "starting")
         measured_now = dups = 0
         stop = "budget reached"
@@ -190,7 +219,10 @@ class Tuner:
             best_at = done
             dup_batches = 0
             while done < req.trials:
-                cands = strategy.generate_measure_candidates()
+                # an untrained model scores at random: evolving a population by its scores only
+                # costs replays, so the first batch samples the space directly
+                cands = (strategy.generate_measure_candidates() if model.trained
+                         else sample_space(strategy, args_info, req.batch_size))
                 if not cands:
                     stop = "search space exhausted"
                     break
@@ -199,21 +231,22 @@ class Tuner:
                 for c, h in zip(cands, hashes, strict=True):
                     if h not in measured and h not in {fh for _, fh in fresh}:
                         fresh.append((c, h))
-                fresh = fresh[: req.trials - done]
                 dups += len(cands) - len(fresh)
+                fresh = fresh[: min(req.batch_size, req.trials - done)]
                 dup_batches = 0 if fresh else dup_batches + 1
                 if dup_batches >= self.max_dup_batches:
                     stop = "search keeps proposing measured candidates"
                     break
                 feats = model.features(ctx, [c for c, _ in fresh])
-                inputs = [self._input(req, job.id, c, h) for c, h in fresh]
+                inputs = [self._input(req, job.id, c, h, x, wid, tref.id)
+                          for (c, h), x in zip(fresh, feats, strict=True)]
                 if hasattr(self.measurer, "prepare"):  # e.g. build the batch in parallel
                     self.measurer.prepare(inputs)
                 trained, lats, notified = [], [], []
+                halt: str | None = None
                 for (c, h), x, inp in zip(fresh, feats, inputs, strict=True):
                     opts = replace(req.options, verify_below_s=best.median_s if best else None)
-                    res = self._measure(req, job.id, c, h, wid, tref.id, x,
-                                        replace(inp, options=opts))
+                    res = self._measure(replace(inp, options=opts))
                     if res.invalidity == Invalidity.WORKER_LOST:
                         continue  # not measured: may come back, never trains the model
                     measured[h] = res
@@ -230,7 +263,8 @@ class Tuner:
                             best = _Best(res.trial_id, res.median_s)
                             best_at = done
                     report(res)
-                    if req.early_stop and done - best_at >= req.early_stop:
+                    halt = self.should_stop()
+                    if halt or (req.early_stop and done - best_at >= req.early_stop):
                         break
                 if trained:
                     model.add(np.stack(trained), lats, group=wid)
@@ -238,6 +272,10 @@ class Tuner:
                 strategy.notify_runner_results(
                     notified,
                     [tv.ms.runner.RunnerResult(run_secs=[lat or 1e10], error_msg=None) for lat in lats])
+                if halt:
+                    stop = halt
+                    final = JobState.CANCELLED if halt == "cancelled" else JobState.SUCCEEDED
+                    break
                 if req.early_stop and done - best_at >= req.early_stop:
                     stop = f"early stop: no new best in {req.early_stop} trials"
                     break
@@ -246,18 +284,24 @@ class Tuner:
             state_msg = "interrupted" if isinstance(exc, KeyboardInterrupt) else f"{type(exc).__name__}: {exc}"
             self.store.set_job_state(job.id, JobState.FAILED, error=state_msg[:2000])
             raise
-        self.store.set_job_state(job.id, JobState.SUCCEEDED)
+        self.store.set_job_state(job.id, final)
         report(message=stop)
         return self._summary(job.id, req, tref, done, measured_now, dups, stop, t0, wid)
 
     @staticmethod
-    def _input(req: TuneRequest, job_id: str, cand: Any, cand_hash: str) -> MeasureInput:
+    def _input(req: TuneRequest, job_id: str, cand: Any, cand_hash: str, x: np.ndarray, wid: int,
+               target_id: int) -> MeasureInput:
+        context = {"job_id": job_id, "workload_id": wid, "target_id": target_id,
+                   "space": req.space, "cand_hash": cand_hash,
+                   "decisions": tv.trace_decisions(cand.sch.trace),
+                   "features_b64": base64.b64encode(x.astype(np.float32).tobytes()).decode(),
+                   "tvm_version": tv.tvm_version()}
         return MeasureInput(trial_id=trial_id(job_id, cand_hash), workload_key=req.workload.key,
                             workload_spec=req.workload.spec, target=req.target,
-                            trace_json=tv.trace_to_json(cand.sch.trace), options=req.options)
+                            trace_json=tv.trace_to_json(cand.sch.trace), options=req.options,
+                            context=context)
 
-    def _measure(self, req: TuneRequest, job_id: str, cand: Any, cand_hash: str, wid: int,
-                 target_id: int, x: np.ndarray, inp: MeasureInput) -> MeasureResult:
+    def _measure(self, inp: MeasureInput) -> MeasureResult:
         """Measure and commit one candidate. An infrastructure failure is recorded under its own
         attempt id (the trial id stays free for the real result) and retried once; too many in a
         row fail the job instead of spinning."""
@@ -266,26 +310,16 @@ class Tuner:
             res = self.measurer.measure_one(inp)
             if res.invalidity != Invalidity.WORKER_LOST:
                 self._lost_in_a_row = 0
-                self._commit(req, job_id, wid, target_id, cand, cand_hash, x, res)
+                self.store.add_records([NewRecord.from_measurement(inp, res)])
                 return res
-            lost = replace(res, trial_id=f"{tid[:20]}-lost-{uuid.uuid4().hex[:8]}")
-            self._commit(req, job_id, wid, target_id, cand, cand_hash, x, lost)
+            lost_id = f"{tid[:20]}-lost-{uuid.uuid4().hex[:8]}"
+            self.store.add_records([NewRecord.from_measurement(
+                replace(inp, trial_id=lost_id), replace(res, trial_id=lost_id))])
             self._lost_in_a_row += 1
             if self._lost_in_a_row >= MAX_LOST_IN_A_ROW:
                 raise TunefarmError(f"{self._lost_in_a_row} measurements in a row failed outside "
                                     f"the kernel (worker_lost); last: {res.error_msg}")
         return res
-
-    def _commit(self, req: TuneRequest, job_id: str, wid: int, target_id: int, cand: Any,
-                cand_hash: str, x: np.ndarray, res: MeasureResult) -> None:
-        self.store.add_records([NewRecord(
-            trial_id=res.trial_id, job_id=job_id, workload_id=wid, target_id=target_id,
-            space=req.space, cand_hash=cand_hash, trace_json=tv.trace_to_json(cand.sch.trace),
-            decisions=tv.trace_decisions(cand.sch.trace), latencies=list(res.latencies_s),
-            median_s=res.median_s, cv=res.cv, invalidity=str(res.invalidity), error_msg=res.error_msg,
-            worker=res.worker, build_s=res.build_s,
-            features=x.astype(np.float32).tobytes(),
-            tvm_version=tv.tvm_version())])
 
     def _summary(self, job_id: str, req: TuneRequest, tref: Any, done: int, measured_now: int,
                  dups: int, stop: str, t0: float, wid: int) -> TuneSummary:

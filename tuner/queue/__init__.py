@@ -1,0 +1,9 @@
+"""Work in flight on Redis Streams: job ids for tuners, measurements for workers, job events.
+
+SQL stays the source of truth: everything here may vanish (a Redis restart or FLUSHALL) and the
+tuners and workers recover from the database. Every key name lives in `keys.py`.
+"""
+
+from .keys import Keys
+
+__all__ = ["Keys"]
