@@ -136,3 +136,57 @@ def redis_prefix(redis_url: str) -> Iterator[str]:
             client.delete(*keys)
     finally:
         client.close()
+
+
+def start_private_redis(workdir: Any) -> tuple[Any, str]:
+    """A throw-away `redis-server` on a free port in its own process group, for tests that wipe
+    Redis (FLUSHALL) or run whole services: never the shared one. Returns (process, url)."""
+    import shutil
+    import socket
+    import subprocess
+    import time
+
+    exe = shutil.which("redis-server")
+    if exe is None:
+        _unavailable("redis-server", FileNotFoundError("not on PATH"), "PATH")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen(
+        [exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+         "--dir", str(workdir)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                return proc, f"redis://127.0.0.1:{port}/0"
+        except OSError:
+            time.sleep(0.05)
+    kill_group(proc)
+    pytest.fail("a private redis-server did not start within 10 s")
+
+
+def kill_group(proc: Any, sig: int | None = None) -> None:
+    """Signal a process's whole group (default SIGKILL) and reap it."""
+    import signal
+    import subprocess
+
+    try:
+        os.killpg(proc.pid, signal.SIGKILL if sig is None else sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+    try:
+        proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+
+
+@pytest.fixture
+def private_redis_url(tmp_path: Any) -> Iterator[str]:
+    proc, url = start_private_redis(tmp_path)
+    try:
+        yield url
+    finally:
+        kill_group(proc)

@@ -1,4 +1,5 @@
-"""`tunefarm` command line: tune, best, records, db upgrade."""
+"""`tunefarm` command line: tune, best, records, spaces, db upgrade (the service's commands are
+in `tuner/cli_service.py`)."""
 
 from __future__ import annotations
 
@@ -240,5 +241,4 @@ def main() -> None:
     app()
 
 
-if __name__ == "__main__":
-    main()
+from tuner import cli_service  # noqa: E402,F401  - registers serve, tuner, worker, submit, up, token

@@ -21,7 +21,7 @@ TARGET = json.dumps({"kind": "llvm", "mcpu": "znver4", "num-cores": 2})
 
 def _cli() -> list[str]:
     exe = shutil.which("tunefarm")
-    return [exe] if exe else [sys.executable, "-m", "tuner.cli"]
+    return [exe] if exe else [sys.executable, "-m", "tuner"]
 
 
 def _env(tmp_path: Path) -> dict[str, str]:

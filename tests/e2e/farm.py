@@ -1,0 +1,94 @@
+"""A whole tunefarm deployment as real processes on loopback: the API (`tunefarm serve`), tuner
+processes and worker processes, on a private redis-server and the test's PostgreSQL database.
+Every process runs in its own process group and is killed with it."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from tests.conftest import kill_group
+from tuner.db import Store
+from tuner.db.tokens import create_token
+
+TARGET = {"kind": "llvm", "mcpu": "znver4", "num-cores": 2}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Farm:
+    def __init__(self, *, db_url: str, redis_url: str, workdir: Path, **env: str) -> None:
+        self.db_url, self.redis_url, self.workdir = db_url, redis_url, workdir
+        self.port = free_port()
+        self.api_url = f"http://127.0.0.1:{self.port}"
+        store = Store(db_url)
+        self.user_token = create_token(store, "user", "e2e")
+        self.worker_token = create_token(store, "worker", "e2e")
+        self.admin_token = create_token(store, "admin", "e2e")
+        store.close()
+        self.env = {**os.environ, "TUNEFARM_DATABASE_URL": db_url, "TUNEFARM_REDIS_URL": redis_url,
+                    "TUNEFARM_REDIS_PREFIX": "e2e:", "TUNEFARM_API_URL": self.api_url,
+                    "TUNEFARM_DATA_DIR": str(workdir / "data"), "TUNEFARM_MIN_REPEAT_MS": "2",
+                    "TUNEFARM_REPEATS": "3", "TUNEFARM_HEARTBEAT_S": "1", **env}
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+
+    def start(self, name: str, *args: str, **env: str) -> subprocess.Popen[bytes]:
+        log = open(self.workdir / f"{name}.log", "ab")  # noqa: SIM115 - closed with the process
+        proc = subprocess.Popen([sys.executable, "-m", "tuner", *args], env={**self.env, **env},
+                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                                cwd=str(Path(__file__).resolve().parents[2]))
+        log.close()
+        self.procs[name] = proc
+        return proc
+
+    def start_api(self) -> None:
+        self.start("api", "serve", "--host", "127.0.0.1", "--port", str(self.port))
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if self.procs["api"].poll() is not None:
+                raise RuntimeError(f"the API exited: {self.log('api')}")
+            try:
+                if httpx.get(f"{self.api_url}/readyz", timeout=1).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        raise RuntimeError(f"the API did not become ready in 60 s: {self.log('api')}")
+
+    def start_tuner(self, name: str = "tuner") -> subprocess.Popen[bytes]:
+        return self.start(name, "tuner")
+
+    def start_worker(self, name: str, device_key: str = "e2e") -> subprocess.Popen[bytes]:
+        return self.start(name, "worker", "--device-key", device_key, "--target",
+                          __import__("json").dumps(TARGET), "--name", name,
+                          TUNEFARM_TOKEN=self.worker_token)
+
+    def log(self, name: str) -> str:
+        path = self.workdir / f"{name}.log"
+        return path.read_text(errors="replace")[-3000:] if path.exists() else ""
+
+    def logs(self) -> str:
+        return "\n".join(f"--- {n} ---\n{self.log(n)}" for n in self.procs)
+
+    def kill(self, name: str, sig: int | None = None) -> None:
+        kill_group(self.procs.pop(name), sig)
+
+    def stop(self) -> None:
+        for name in list(self.procs):
+            self.kill(name)
+
+    def client(self, token: str | None = None) -> Any:
+        from api.client import Client
+
+        return Client(self.api_url, token or self.user_token, timeout=30)

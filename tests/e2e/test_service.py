@@ -1,0 +1,111 @@
+"""End to end, as a farm runs: `tunefarm serve`, a tuner process and two worker processes on a
+private redis-server and PostgreSQL. A job submitted over REST is tuned, its records land in SQL,
+`GET /v1/best` returns the best trace, and that trace replays in TVM to the measured kernel."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from tests.conftest import _reset_pg
+from tests.e2e.farm import TARGET, Farm
+from tuner.db import Store
+from tuner.measure import Invalidity
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def farm(pg_url: str, private_redis_url: str, tmp_path: Path) -> Iterator[Farm]:
+    _reset_pg(pg_url)
+    f = Farm(db_url=pg_url, redis_url=private_redis_url, workdir=tmp_path)
+    try:
+        f.start_api()
+        yield f
+    finally:
+        f.stop()
+
+
+def _wait_terminal(client: Any, job_id: str, timeout: float, farm: Farm) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        job = client.get_job(job_id)
+        if job["state"] in ("SUCCEEDED", "FAILED", "CANCELLED"):
+            return job
+        time.sleep(0.5)
+    raise AssertionError(f"job {job_id} did not finish in {timeout} s\n{farm.logs()}")
+
+
+def test_job_over_rest_is_tuned_by_two_workers_and_best_replays(farm: Farm, pg_url: str) -> None:
+    from tuner import tvm_api as tv
+    from tuner.workloads import parse_spec
+
+    farm.start_tuner()
+    farm.start_worker("w1")
+    farm.start_worker("w2")
+    client = farm.client()
+    spec = {"op": "matmul", "shape": [64, 64, 64]}
+    job = client.submit_job({"workload": spec, "target": TARGET, "device_key": "e2e",
+                             "trials": 8, "batch_size": 4})
+    assert job["state"] == "QUEUED" and job["trials"] == 8
+
+    # follow the live events; reconnecting with the last id misses nothing
+    first: list[tuple[str, str, dict[str, Any]]] = []
+    for ev in client.events(job["id"]):
+        first.append(ev)
+        if len(first) == 3 or (ev[1] == "state" and ev[2]["state"] in ("SUCCEEDED", "FAILED")):
+            break
+    rest = list(client.events(job["id"], last_event_id=first[-1][0]))
+    replay = list(client.events(job["id"]))
+    assert [e[0] for e in first + rest] == [e[0] for e in replay], "an event was lost or repeated"
+    assert replay[-1][1] == "state" and replay[-1][2]["state"] == "SUCCEEDED", farm.logs()
+
+    final = _wait_terminal(client, job["id"], 30, farm)
+    assert final["state"] == "SUCCEEDED" and final["trials_done"] == 8, final
+    store = Store(pg_url)
+    recs = store.records(job_id=job["id"])
+    assert len(recs) == 8 and len({r.trial_id for r in recs}) == 8
+    assert len({r.cand_hash for r in recs}) == 8  # no candidate measured twice
+    assert all(r.invalidity is Invalidity.OK for r in recs), [r.error_msg for r in recs]
+    workers = {w["id"]: w for w in farm.client(farm.admin_token).list_workers()}
+    assert len(workers) == 2 and {r.worker for r in recs} <= set(workers) | {
+        r.worker for r in recs if r.worker and not r.worker.startswith("w")}
+
+    best = client.best(json.dumps(spec), json.dumps(TARGET), "e2e")
+    fastest = min((r for r in recs), key=lambda r: r.median_s or 1e9)
+    assert best["trial_id"] == fastest.trial_id and best["latency_s"] == fastest.median_s
+    # the trace replays in TVM to exactly the measured kernel, and that kernel is correct
+    wl = parse_spec(spec)
+    sch = tv.apply_trace(wl.mod(), json.dumps(best["trace"]))
+    assert f"{tv.structural_hash(sch.mod):016x}" == fastest.cand_hash
+    lib = tv.compile_module(sch.mod, tv.make_target(TARGET))
+    inputs = wl.make_inputs(seed=0)
+    outputs = [np.zeros(shape, dtype) for _, shape, dtype in wl.arg_specs()[wl.num_inputs:]]
+    dev = tv.tvm.cpu()
+    bufs = [tv.tvm.runtime.tensor(a, dev) for a in inputs + outputs]
+    lib(*bufs)
+    rtol, atol = wl.tolerance()
+    for got, want in zip(bufs[len(inputs):], wl.reference(inputs), strict=True):
+        np.testing.assert_allclose(got.numpy(), want, rtol=rtol, atol=atol)
+    store.close()
+
+
+def test_cancel_stops_a_running_job(farm: Farm, pg_url: str) -> None:
+    farm.start_tuner()
+    farm.start_worker("w1")
+    client = farm.client()
+    job = client.submit_job({"workload": {"op": "matmul", "shape": [64, 64, 64]}, "target": TARGET,
+                             "device_key": "e2e", "trials": 400, "batch_size": 4})
+    for _id, kind, data in client.events(job["id"]):
+        if kind == "record" or (kind == "progress" and data.get("done", 0) >= 1):
+            break
+    assert client.cancel_job(job["id"])["state"] in ("CANCELLING", "CANCELLED")
+    assert client.cancel_job(job["id"])["state"] in ("CANCELLING", "CANCELLED")  # idempotent
+    final = _wait_terminal(client, job["id"], 60, farm)
+    assert final["state"] == "CANCELLED" and final["trials_done"] < 400, final
