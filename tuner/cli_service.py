@@ -98,12 +98,13 @@ def serve(
     s = _settings(db, redis)
     try:
         _store(s.database_url)  # migrates the schema once, before the server forks anything
-        application = create_app(s)
+        application = create_app(s, freeze_gc=True)  # no GC pauses from startup objects
     except TunefarmError as exc:
         _fail(exc)
         return
+    # an open event stream must not hold up a shutdown: its client reconnects (Last-Event-ID)
     uvicorn.run(application, host=host or s.api_host, port=port or s.api_port,
-                log_level="warning", access_log=False)
+                log_level="warning", access_log=False, timeout_graceful_shutdown=5)
 
 
 @app.command("tuner")

@@ -34,6 +34,7 @@ class Settings(BaseSettings):
     repeats: int = 5
     cache_flush: bool = False
     num_threads: int | None = None  # None: the target's num-cores (else this machine's cores)
+    noise_cv: float = 0.10  # records whose samples vary more than this (stdev/mean) are "noisy"
 
     # search
     batch_size: int = 16

@@ -9,6 +9,7 @@ import json
 from typing import Any
 
 from tuner import tvm_api as tv
+from tuner.config import get_settings
 from tuner.db import NewRecord, RecordRow, Store, target_key
 from tuner.errors import NotFound
 
@@ -22,6 +23,7 @@ def record_dict(row: RecordRow, *, workload_key: str, flops: int, target_json: s
         "target": json.loads(target_json) if target_json else None, "device_key": device_key,
         "space": row.space, "invalidity": str(row.invalidity), "error_msg": row.error_msg,
         "latency_s": row.median_s, "latencies_s": row.latencies, "cv": row.cv,
+        "noisy": row.cv is not None and row.cv > get_settings().noise_cv,
         "gflops": flops / row.median_s / 1e9 if row.median_s and flops else None,
         "decisions": row.decisions, "trace": json.loads(row.trace_json), "worker": row.worker,
         "build_s": row.build_s, "tvm_version": row.tvm_version,

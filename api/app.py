@@ -1,0 +1,95 @@
+"""The FastAPI app factory and the uvicorn entry point.
+
+    app = create_app(Settings(database_url=..., redis_url=...))   # tests, embedding
+    serve()                                                        # `tunefarm serve`
+
+Nothing connects at import time: the SQL store and the Redis clients are opened in the app's
+lifespan (so `TestClient(app)` must be used as a context manager).
+"""
+
+from __future__ import annotations
+
+import gc
+import importlib.metadata
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+from starlette.concurrency import run_in_threadpool
+
+from tuner.config import Settings, get_settings
+
+from . import errors
+from .context import ApiContext
+from .metrics import Metrics, MetricsMiddleware
+from .routes import best, health, jobs, spaces, workers
+
+log = logging.getLogger(__name__)
+
+DESCRIPTION = """Autotuning of tensor programs on Apache TVM: submit tuning jobs, follow them
+(server-sent events), and look up the best known schedule of a workload on a target.
+
+Authenticate with `Authorization: Bearer <token>`; scopes: user, worker, admin. Errors are
+RFC 9457 `application/problem+json` with a stable `code`."""
+
+
+def _version() -> str:
+    try:
+        return importlib.metadata.version("tunefarm")
+    except importlib.metadata.PackageNotFoundError:
+        return "0+unknown"
+
+
+def _warm_up(ctx: ApiContext) -> None:
+    ctx.resolver.warm_up()
+    try:
+        ctx.resolver.target("host")
+    except Exception:
+        log.exception("could not resolve the host target at start-up")
+
+
+def create_app(settings: Settings | None = None, *, freeze_gc: bool = False) -> FastAPI:
+    """The tunefarm API; `settings` default to the environment (TUNEFARM_*). `freeze_gc` (the
+    server does it) moves everything loaded at start-up (TVM, templates) out of the garbage
+    collector's sight, which keeps its pauses off the p99 of hot requests."""
+    settings = settings or get_settings()
+    metrics = Metrics()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        ctx = await run_in_threadpool(ApiContext.open, settings)
+        ctx.extra["metrics"] = metrics
+        metrics.store = ctx.store
+        await run_in_threadpool(_warm_up, ctx)
+        app.state.ctx = ctx
+        if freeze_gc:
+            gc.collect()
+            gc.freeze()
+        log.info("tunefarm API ready: database %s, redis prefix %r", ctx.store.safe_url,
+                 settings.redis_prefix)
+        try:
+            yield
+        finally:
+            await ctx.aclose()
+
+    app = FastAPI(title="tunefarm", version=_version(), description=DESCRIPTION,
+                  openapi_url="/v1/openapi.json", docs_url="/v1/docs", redoc_url=None,
+                  lifespan=lifespan)
+    app.state.settings = settings
+    errors.install(app)
+    app.add_middleware(MetricsMiddleware, metrics=metrics)
+    for module in (jobs, best, spaces, workers, health):
+        app.include_router(module.router)
+    return app
+
+
+def serve(settings: Settings | None = None, *, host: str | None = None, port: int | None = None,
+          log_level: str = "info") -> None:
+    """Run the API under uvicorn (blocks until SIGINT/SIGTERM)."""
+    import uvicorn
+
+    settings = settings or get_settings()
+    uvicorn.run(create_app(settings, freeze_gc=True), host=host or settings.api_host,
+                port=port or settings.api_port, log_level=log_level, proxy_headers=True,
+                timeout_graceful_shutdown=10)

@@ -1,0 +1,107 @@
+"""Prometheus metrics: request counts and latency by route (a pure ASGI middleware, cheap enough
+for the hot GET /v1/best path), and jobs by state / records total read from SQL at scrape time.
+
+Each app has its own `CollectorRegistry`, so several apps (tests) can live in one process.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+from sqlalchemy import func, select
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from tuner.db import models as m
+from tuner.db.store import Store
+
+log = logging.getLogger(__name__)
+
+BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+
+class Metrics:
+    def __init__(self, store: Store | None = None) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.requests = Counter("tunefarm_http_requests_total", "HTTP requests answered",
+                                ["method", "route", "status"], registry=self.registry)
+        self.latency = Histogram("tunefarm_http_request_duration_seconds",
+                                 "Time to answer an HTTP request (to the response start)",
+                                 ["method", "route"], buckets=BUCKETS, registry=self.registry)
+        self.store = store
+        self.registry.register(_SqlCollector(self))
+
+    def observe(self, method: str, route: str, status: int, seconds: float) -> None:
+        self.requests.labels(method, route, str(status)).inc()
+        self.latency.labels(method, route).observe(seconds)
+
+
+class _SqlCollector(Collector):
+    def __init__(self, metrics: Metrics) -> None:
+        self.metrics = metrics
+
+    def describe(self) -> Iterator[Any]:
+        return iter(())  # values come from SQL at scrape time only
+
+    def collect(self) -> Iterator[Any]:
+        store = self.metrics.store
+        if store is None:
+            return
+        jobs = GaugeMetricFamily("tunefarm_jobs", "Jobs by state", labels=["state"])
+        records = GaugeMetricFamily("tunefarm_records", "Measured records stored")
+        try:
+            with store.session() as s:
+                counts = {state: n for state, n in
+                          s.execute(select(m.Job.state, func.count()).group_by(m.Job.state))}
+                total = s.scalar(select(func.count()).select_from(m.Record)) or 0
+        except Exception as exc:  # noqa: BLE001 - a scrape must not fail on a database outage
+            log.warning("metrics: cannot read SQL: %s", exc)
+            return
+        for state in m.JobState:
+            jobs.add_metric([state.value], float(counts.get(state.value, 0)))
+        records.add_metric([], float(total))
+        yield jobs
+        yield records
+
+
+class MetricsMiddleware:
+    """Times each HTTP request to its response start; labels it with the route template
+    (`/v1/jobs/{job_id}`), never the raw path, so label cardinality stays bounded."""
+
+    def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        start = time.perf_counter()
+        status = 500
+        observed = False
+
+        def observe() -> None:
+            nonlocal observed
+            if observed:
+                return
+            observed = True
+            route = scope.get("route")
+            path = getattr(route, "path", None) or "unmatched"
+            self.metrics.observe(scope["method"], path, status, time.perf_counter() - start)
+
+        async def send_wrapper(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = int(message["status"])
+                observe()
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_wrapper)
+        finally:
+            observe()

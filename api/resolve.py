@@ -1,0 +1,175 @@
+"""Request values -> validated, canonical objects, memoized per process.
+
+Parsing a workload spec, canonicalizing a target (TVM) and resolving a search space cost from
+microseconds to milliseconds (the first `resolve` loads every template: ~1 s), so the API keeps
+small LRU maps from the raw request values to their results. GET /v1/best with a warm cache then
+does no TVM work at all: (workload, target, device_key) as sent -> (workload_key, target_key).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+from schedules import registry
+from tuner import tvm_api as tv
+from tuner.db.engine import target_key
+from tuner.db.rows import TargetRef
+from tuner.db.store import Store
+from tuner.errors import NotFound, SpecError
+from tuner.workloads import Workload, parse_spec
+
+K = TypeVar("K")
+V = TypeVar("V")
+
+
+class LRU(Generic[K, V]):
+    """A small thread-safe LRU map (the thread pool runs sync routes concurrently)."""
+
+    def __init__(self, max_entries: int = 2048) -> None:
+        self.max_entries = max_entries
+        self._data: OrderedDict[K, V] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: K) -> V | None:
+        with self._lock:
+            value = self._data.get(key)
+            if value is not None:
+                self._data.move_to_end(key)
+            return value
+
+    def put(self, key: K, value: V) -> V:
+        with self._lock:
+            self._data[key] = value
+            self._data.move_to_end(key)
+            while len(self._data) > self.max_entries:
+                self._data.popitem(last=False)
+        return value
+
+    def get_or(self, key: K, make: Callable[[], V]) -> V:
+        value = self.get(key)
+        return value if value is not None else self.put(key, make())
+
+    def clear(self) -> None:
+        with self._lock:
+            self._data.clear()
+
+
+@dataclass(frozen=True)
+class ResolvedTarget:
+    target: Any  # tvm.target.Target
+    as_dict: dict[str, Any]  # canonical (tuner.tvm_api.target_to_dict)
+    json: str  # canonical JSON (what the targets table stores)
+
+
+@dataclass(frozen=True)
+class BestKey:
+    """What GET /v1/best needs, resolved from its raw query values."""
+
+    workload: Workload
+    target: ResolvedTarget
+    device_key: str
+    target_key: str
+
+    @property
+    def workload_key(self) -> str:
+        return self.workload.key
+
+
+def _digest(value: Any) -> str:
+    text = value if isinstance(value, str) else json.dumps(value, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+class Resolver:
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self._workloads: LRU[str, Workload] = LRU(1024)
+        self._targets: LRU[str, ResolvedTarget] = LRU(256)
+        self._spaces: LRU[tuple[str, str, str], str] = LRU(4096)
+        self._workload_ids: LRU[str, int] = LRU(4096)
+        self._target_refs: LRU[tuple[str, str], TargetRef] = LRU(1024)
+        self._target_keys: LRU[int, TargetRef] = LRU(1024)
+        self._best: LRU[tuple[str, str, str], BestKey] = LRU(8192)
+
+    def warm_up(self) -> None:
+        """Load the schedule templates now rather than on the first request (~1 s)."""
+        registry.space_names()
+
+    # --- request values ---------------------------------------------------------------------
+
+    def workload(self, spec: dict[str, Any]) -> Workload:
+        return self._workloads.get_or(_digest(spec), lambda: parse_spec(spec))
+
+    def target(self, spec: str | dict[str, Any]) -> ResolvedTarget:
+        def make() -> ResolvedTarget:
+            tgt = tv.make_target(spec)
+            return ResolvedTarget(tgt, tv.target_to_dict(tgt), tv.canonical_target_json(tgt))
+
+        raw = spec.strip() if isinstance(spec, str) else spec
+        return self._targets.get_or(_digest(raw), make)
+
+    def space(self, name: str, wl: Workload, tgt: ResolvedTarget) -> str:
+        return self._spaces.get_or((name, wl.key, tgt.json),
+                                   lambda: registry.resolve(name, wl, tgt.target))
+
+    # --- SQL ids ----------------------------------------------------------------------------
+
+    def workload_id(self, wl: Workload) -> int:
+        def make() -> int:
+            row = self.store.workload_by_key(wl.key)
+            if row is not None:
+                return row.id
+            return self.store.ensure_workload(
+                key=wl.key, op=wl.op, spec_json=json.dumps(wl.spec, sort_keys=True),
+                shash=wl.shash(), mod_json=tv.save_json(wl.mod()), description=wl.description,
+                flops=int(wl.flops))
+
+        return self._workload_ids.get_or(wl.key, make)
+
+    def target_ref(self, tgt: ResolvedTarget, device_key: str) -> TargetRef:
+        return self._target_refs.get_or((tgt.json, device_key),
+                                        lambda: self.store.ensure_target(tgt.json, device_key))
+
+    def target_by_id(self, target_id: int) -> TargetRef | None:
+        ref = self._target_keys.get(target_id)
+        if ref is None:
+            ref = self.store.get_target(target_id)
+            if ref is not None:
+                self._target_keys.put(target_id, ref)
+        return ref
+
+    # --- GET /v1/best -----------------------------------------------------------------------
+
+    def cached_best_key(self, workload: str, target: str, device_key: str) -> BestKey | None:
+        return self._best.get((workload, target, device_key))
+
+    def best_key(self, workload: str, target: str, device_key: str) -> BestKey:
+        """Resolve the raw query values of GET /v1/best (a workload key or JSON spec; "host" or a
+        JSON target). Unknown workload keys are not remembered: they may be tuned later."""
+        hit = self._best.get((workload, target, device_key))
+        if hit is not None:
+            return hit
+        wl = self._workload_from_query(workload)
+        tgt = self.target(target)
+        key = BestKey(wl, tgt, device_key, target_key(tgt.json, device_key))
+        return self._best.put((workload, target, device_key), key)
+
+    def _workload_from_query(self, text: str) -> Workload:
+        text = text.strip()
+        if text.startswith("{"):
+            try:
+                spec = json.loads(text)
+            except json.JSONDecodeError as exc:
+                raise SpecError(f"not valid JSON: {exc.msg}", field="workload") from exc
+            return self.workload(spec)
+        row = self.store.workload_by_key(text)
+        if row is None:
+            raise NotFound(f"no workload with key {text!r} has been tuned here; pass the workload "
+                           "spec as JSON instead of a key")
+        return self.workload(json.loads(row.spec_json))

@@ -1,0 +1,97 @@
+"""GET /v1/best: the Redis-cached best record, invalidated by a faster result."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+pytestmark = pytest.mark.parametrize("db_url", ["postgresql"], indirect=True)
+MATMUL = {"op": "matmul", "shape": [128, 128, 128]}
+SPEC = json.dumps(MATMUL)
+
+
+def _best(client: Any, headers: dict[str, str], **params: str) -> Any:
+    return client.get("/v1/best", params={"workload": SPEC, **params}, headers=headers)
+
+
+def _post(client: Any, worker: dict[str, str], body: dict[str, Any]) -> dict[str, Any]:
+    resp = client.post("/v1/workers/w1/results", json=body, headers=worker)
+    assert resp.status_code == 200, resp.text
+    out: dict[str, Any] = resp.json()
+    return out
+
+
+def test_best_lifecycle(client: Any, ctx: Any, user: dict[str, str], worker: dict[str, str],
+                        redis_client: Any, submit: Callable[..., dict[str, Any]],
+                        result_for: Callable[..., dict[str, Any]]) -> None:
+    from tuner.db.engine import target_key
+
+    first = _best(client, user)
+    assert first.status_code == 404 and first.json()["code"] == "not_found"
+    job = submit(user)
+    slow = result_for(job, latency_s=2e-3)
+    _post(client, worker, slow)
+    got = _best(client, user)
+    assert got.status_code == 200, got.text  # the cached "none yet" was dropped
+    rec = got.json()
+    assert rec["trial_id"] == slow["input"]["trial_id"]
+    assert rec["latency_s"] == pytest.approx(2e-3) and rec["gflops"] > 0
+    assert rec["workload_key"] == job["workload_key"] and rec["workload"] == job["workload"]
+    assert isinstance(rec["trace"], list) and isinstance(rec["schedule_python"], str)
+    tkey = target_key(ctx.resolver.target("host").json, "local")
+    cached = redis_client.get(ctx.keys.best(job["workload_key"], tkey))
+    assert json.loads(cached)["trial_id"] == rec["trial_id"]
+
+    # a slower or failed record keeps the cache; a faster one replaces it
+    _post(client, worker, result_for(job, latency_s=5e-3))
+    _post(client, worker, result_for(job, invalidity="run_error", latency_s=None))
+    assert redis_client.get(ctx.keys.best(job["workload_key"], tkey)) == cached
+    fast = result_for(job, latency_s=1e-3)
+    _post(client, worker, fast)
+    assert _best(client, user).json()["trial_id"] == fast["input"]["trial_id"]
+
+    # by workload key, and with the target spelled out, it is the same record
+    explicit = json.dumps(job["target"])
+    by_key = _best(client, user, workload=job["workload_key"], target=explicit)
+    assert by_key.status_code == 200 and by_key.json()["trial_id"] == fast["input"]["trial_id"]
+    # another device key has no record
+    assert _best(client, user, device_key="board-b").status_code == 404
+
+
+def test_best_survives_a_redis_flush_of_its_key(client: Any, ctx: Any, user: dict[str, str],
+                                                worker: dict[str, str], redis_client: Any,
+                                                submit: Callable[..., dict[str, Any]],
+                                                result_for: Callable[..., dict[str, Any]]
+                                                ) -> None:
+    job = submit(user)
+    body = result_for(job, latency_s=1e-3)
+    _post(client, worker, body)
+    assert _best(client, user).status_code == 200
+    for key in redis_client.scan_iter(match=ctx.keys.best("*", "*")):
+        redis_client.delete(key)
+    again = _best(client, user)
+    assert again.status_code == 200 and again.json()["trial_id"] == body["input"]["trial_id"]
+
+
+@pytest.mark.parametrize("params, status, code", [
+    ({"target": '{"kind": "llvm", "mcpu": "notacpu"}'}, 422, "invalid_target"),
+    ({"target": "cuda -arch=sm_80"}, 422, "invalid_target"),
+    ({"workload": '{"op": "matmul", "shape": [8, 8'}, 422, "invalid_spec"),
+    ({"workload": '{"op": "nope"}'}, 422, "invalid_spec"),
+    ({"workload": "matmul-0000000000000000"}, 404, "not_found"),
+    ({"device_key": "bad key!"}, 422, "validation_error"),
+])
+def test_best_problems(client: Any, user: dict[str, str], params: dict[str, str], status: int,
+                       code: str) -> None:
+    resp = _best(client, user, **params)
+    assert resp.status_code == status, resp.text
+    assert resp.headers["content-type"] == "application/problem+json"
+    assert resp.json()["code"] == code
+
+
+def test_best_needs_the_workload(client: Any, user: dict[str, str]) -> None:
+    resp = client.get("/v1/best", headers=user)
+    assert resp.status_code == 422 and resp.json()["code"] == "validation_error"
