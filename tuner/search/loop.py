@@ -212,7 +212,10 @@ class Tuner:
             memdb = self._memory_db(wid, tref, mod, target)
             args_info = tv.ms.arg_info.ArgInfo.from_prim_func(mod["main"])
             token = memdb.commit_workload(mod)
-            strategy.pre_tuning(max_trials=1 << 30, num_trials_per_iter=req.batch_size,
+            # measured programs this search did not propose (sampled, or from earlier jobs) join
+            # its population from `memdb` and can fill that many of its picks: ask for more
+            overlap = int(strategy.population_size * strategy.init_measured_ratio)
+            strategy.pre_tuning(max_trials=1 << 30, num_trials_per_iter=req.batch_size + overlap,
                                 design_spaces=ctx.generate_design_space(), database=memdb,
                                 cost_model=model)
             measured = self.store.measured(wid, tref.id)
@@ -248,7 +251,10 @@ class Tuner:
                     opts = replace(req.options, verify_below_s=best.median_s if best else None)
                     res = self._measure(replace(inp, options=opts))
                     if res.invalidity == Invalidity.WORKER_LOST:
-                        continue  # not measured: may come back, never trains the model
+                        halt = self.should_stop()  # not measured: may come back, never trains
+                        if halt:
+                            break
+                        continue
                     measured[h] = res
                     done += 1
                     measured_now += 1
@@ -281,6 +287,8 @@ class Tuner:
                     break
             strategy.post_tuning()
         except BaseException as exc:
+            if getattr(exc, "leave_job_state", False):
+                raise  # e.g. a service tuner stopping or losing its lease: another resumes the job
             state_msg = "interrupted" if isinstance(exc, KeyboardInterrupt) else f"{type(exc).__name__}: {exc}"
             self.store.set_job_state(job.id, JobState.FAILED, error=state_msg[:2000])
             raise

@@ -1,0 +1,112 @@
+"""A fake farm worker thread for the service tests: it measures nothing; it reads
+Keys.measure(device_key), writes each input's record through Store.add_records (as the API's
+results endpoint does), publishes the "record" event and acknowledges the entry."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any, Self
+
+import redis
+
+from tuner.db import Store
+from tuner.db.rows import NewRecord
+from tuner.measure import Invalidity, MeasureInput, MeasureResult
+from tuner.queue import Keys, events, streams
+
+Behaviour = Callable[[MeasureInput], "MeasureResult | str | None"]
+
+
+def ok_result(inp: MeasureInput) -> MeasureResult:
+    """A deterministic fake latency per trial."""
+    lat = 1e-4 * (1 + int(inp.trial_id[-4:], 16) % 97)
+    return MeasureResult(inp.trial_id, Invalidity.OK, (lat, lat * 1.01, lat * 0.99),
+                         worker="fake")
+
+
+class FakeWorker:
+    """A thread consuming the measure stream. `behaviour(inp)` returns a MeasureResult to
+    commit, "dead" to dead-letter the entry, "drop" to read it and never ack (a crash), or
+    None to commit `ok_result`."""
+
+    def __init__(self, redis_url: str, keys: Keys, store: Store, device_key: str = "dev", *,
+                 behaviour: Behaviour | None = None, delay_s: float = 0.0) -> None:
+        self.r = streams.connect(redis_url)
+        self.keys, self.store, self.device_key = keys, store, device_key
+        self.behaviour = behaviour or (lambda inp: None)
+        self.delay_s = delay_s
+        self.stop = threading.Event()
+        self.seen: list[str] = []
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> Self:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self.thread.join(timeout=10)
+        self.r.close()
+
+    def _run(self) -> None:
+        stream = self.keys.measure(self.device_key)
+        group = Keys.WORKERS_GROUP
+        while not self.stop.is_set():
+            try:
+                streams.ensure_group(self.r, stream, group)
+                got = streams.read_new(self.r, stream, group, "fake", count=1, block_s=0.1)
+            except redis.RedisError:
+                time.sleep(0.05)
+                continue
+            for entry in got:
+                self._handle(stream, group, entry)
+
+    def _handle(self, stream: str, group: str, entry: streams.Entry) -> None:
+        inp = MeasureInput.from_json(entry.fields["input"])
+        self.seen.append(inp.trial_id)
+        if self.delay_s:
+            time.sleep(self.delay_s)
+        out = self.behaviour(inp)
+        if out == "drop":
+            return
+        if out == "dead":
+            streams.dead_letter(self.r, self.keys, self.device_key, entry, reason="poison")
+            return
+        res = out if isinstance(out, MeasureResult) else ok_result(inp)
+        self.store.add_records([NewRecord.from_measurement(inp, res)])
+        job_id = (inp.context or {}).get("job_id")
+        if job_id:
+            events.publish(self.r, self.keys, job_id, "record",
+                           {"trial_id": inp.trial_id, "invalidity": str(res.invalidity)})
+        streams.ack(self.r, stream, group, entry.id)
+
+
+def make_job(store: Store, *, trials: int = 8, state: str = "QUEUED") -> Any:
+    """A job on a matmul-16 workload row and a {"kind": "llvm"} target row (device key "dev")."""
+    from tuner.db.models import JobState
+
+    wid = store.ensure_workload(key="matmul-test", op="matmul",
+                                spec_json=json.dumps({"op": "matmul", "shape": [16, 16, 16]}),
+                                shash="0", mod_json="{}")
+    tref = store.ensure_target('{"kind": "llvm", "num-cores": 1}', "dev")
+    return store.create_job(job_key=uuid.uuid4().hex, workload_id=wid, target_id=tref.id,
+                            space="default", trials=trials, state=JobState(state))
+
+
+def make_inputs(job: Any, n: int, *, prefix: str = "t") -> list[MeasureInput]:
+    """n inputs of `job` with a full record context."""
+    out = []
+    for i in range(n):
+        tid = f"{prefix}{job.id[:8]}{i:04x}"
+        ctx: dict[str, Any] = {"job_id": job.id, "workload_id": job.workload_id,
+                               "target_id": job.target_id, "space": "default",
+                               "cand_hash": f"{prefix}{i:015x}", "decisions": [],
+                               "features_b64": None, "tvm_version": "test"}
+        out.append(MeasureInput(trial_id=tid, workload_key="matmul-test",
+                                workload_spec={"op": "matmul", "shape": [16, 16, 16]},
+                                target={"kind": "llvm"}, trace_json="[]", context=ctx))
+    return out

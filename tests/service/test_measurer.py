@@ -1,0 +1,152 @@
+"""RemoteMeasurer against real Redis and SQL, with a fake worker thread (queue logic only)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+import redis
+from fakefarm import FakeWorker, make_inputs, make_job, ok_result
+
+from tuner.db import Store
+from tuner.measure import Invalidity, MeasureResult
+from tuner.queue import Keys, streams
+from tuner.service.measurer import Interrupted, RemoteMeasurer
+
+pytestmark = pytest.mark.timeout(60)
+
+
+@pytest.fixture
+def r(redis_url: str) -> Iterator[redis.Redis]:
+    client = streams.connect(redis_url)
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def keys(redis_prefix: str) -> Keys:
+    return Keys(redis_prefix)
+
+
+def _measurer(r: redis.Redis, keys: Keys, store: Store, **kw: object) -> RemoteMeasurer:
+    kw.setdefault("queue_wait_s", 20.0)
+    kw.setdefault("lease_s", 1.0)
+    kw.setdefault("poll_s", 0.05)
+    return RemoteMeasurer(r, keys, "dev", store=store, **kw)  # type: ignore[arg-type]
+
+
+def test_batch_is_measured_by_the_farm(r: redis.Redis, keys: Keys, store: Store,
+                                       redis_url: str) -> None:
+    job = make_job(store)
+    inputs = make_inputs(job, 4)
+    m = _measurer(r, keys, store)
+    m.prepare(inputs)
+    assert r.xlen(keys.measure("dev")) == 4  # the whole batch is queued before any waiting
+    with FakeWorker(redis_url, keys, store) as w:
+        results = [m.measure_one(inp) for inp in inputs]
+    assert [res.trial_id for res in results] == [inp.trial_id for inp in inputs]
+    for inp, res in zip(inputs, results, strict=True):
+        want = ok_result(inp)
+        assert res.ok and res.latencies_s == pytest.approx(want.latencies_s)
+        assert res.worker == "fake"
+    assert sorted(w.seen) == sorted(i.trial_id for i in inputs)
+    assert m.requeued == 0
+    assert r.xlen(keys.measure("dev")) == 0  # acked and deleted
+
+
+def test_failed_kernels_come_back_as_data(r: redis.Redis, keys: Keys, store: Store,
+                                          redis_url: str) -> None:
+    (inp,) = make_inputs(make_job(store), 1)
+    bad = MeasureResult.failure(inp.trial_id, Invalidity.BUILD_ERROR, "boom", worker="fake")
+    m = _measurer(r, keys, store)
+    with FakeWorker(redis_url, keys, store, behaviour=lambda i: bad):
+        res = m.measure_one(inp)  # without prepare(): enqueued on demand
+    assert res.invalidity is Invalidity.BUILD_ERROR and res.error_msg == "boom"
+
+
+def test_dead_lettered_trial_is_worker_lost_at_once(r: redis.Redis, keys: Keys, store: Store,
+                                                   redis_url: str) -> None:
+    a, b = make_inputs(make_job(store), 2)
+    m = _measurer(r, keys, store)
+    m.prepare([a, b])
+    with FakeWorker(redis_url, keys, store,
+                    behaviour=lambda i: "dead" if i.trial_id == a.trial_id else None):
+        t0 = time.monotonic()
+        ra = m.measure_one(a)
+        rb = m.measure_one(b)
+    assert ra.invalidity is Invalidity.WORKER_LOST and "poison" in (ra.error_msg or "")
+    assert time.monotonic() - t0 < 10
+    assert rb.ok
+    assert store.record(a.trial_id) is None  # the measurer writes nothing itself
+
+
+def test_no_worker_within_queue_wait_is_worker_lost(r: redis.Redis, keys: Keys,
+                                                     store: Store) -> None:
+    (inp,) = make_inputs(make_job(store), 1)
+    m = _measurer(r, keys, store, queue_wait_s=0.5)
+    m.prepare([inp])
+    t0 = time.monotonic()
+    res = m.measure_one(inp)
+    assert 0.5 <= time.monotonic() - t0 < 5
+    assert res.invalidity is Invalidity.WORKER_LOST
+    assert "no worker for device key 'dev'" in (res.error_msg or "")
+
+
+def test_interrupt_and_shutdown(r: redis.Redis, keys: Keys, store: Store) -> None:
+    a, b = make_inputs(make_job(store), 2)
+    reason: list[str] = []
+    m = _measurer(r, keys, store, interrupt=lambda: reason[0] if reason else None)
+    m.prepare([a, b])
+    threading.Timer(0.3, lambda: reason.append("cancelled")).start()
+    res = m.measure_one(a)
+    assert res.invalidity is Invalidity.WORKER_LOST and "cancelled" in (res.error_msg or "")
+    stop = threading.Event()
+    stop.set()
+    m2 = _measurer(r, keys, store, shutdown=stop)
+    with pytest.raises(Interrupted):
+        m2.measure_one(b)
+    assert m.discard() == 1  # b is still queued: withdrawn
+    assert r.xlen(keys.measure("dev")) == 1  # m2 enqueued b on its own
+
+
+def test_entry_lost_to_a_flush_is_enqueued_again(private_redis_url: str, store: Store) -> None:
+    r = streams.connect(private_redis_url)
+    keys = Keys("flush:")
+    try:
+        inputs = make_inputs(make_job(store), 3)
+        m = _measurer(r, keys, store, lease_s=0.3)
+        m.prepare(inputs)
+        r.flushall()  # before any worker saw them
+        with FakeWorker(private_redis_url, keys, store) as w:
+            results = [m.measure_one(inp) for inp in inputs]
+        assert all(res.ok for res in results)
+        assert m.requeued == 3
+        assert sorted(w.seen) == sorted(i.trial_id for i in inputs)
+    finally:
+        r.close()
+
+
+def test_flush_while_a_worker_holds_the_entry(private_redis_url: str, store: Store) -> None:
+    """A worker crashed holding the entry, then Redis was wiped: another worker measures it."""
+    r = streams.connect(private_redis_url)
+    keys = Keys("flush:")
+    try:
+        (inp,) = make_inputs(make_job(store), 1)
+        m = _measurer(r, keys, store, lease_s=0.3)
+        m.prepare([inp])
+        streams.ensure_group(r, keys.measure("dev"), Keys.WORKERS_GROUP)
+        assert streams.read_new(r, keys.measure("dev"), Keys.WORKERS_GROUP, "crashed")
+        done = threading.Event()
+        out: list[MeasureResult] = []
+        t = threading.Thread(target=lambda: (out.append(m.measure_one(inp)), done.set()))
+        t.start()
+        time.sleep(0.2)
+        r.flushall()
+        with FakeWorker(private_redis_url, keys, store):
+            assert done.wait(15)
+        t.join(5)
+        assert out[0].ok and m.requeued == 1
+    finally:
+        r.close()

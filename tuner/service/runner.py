@@ -1,0 +1,321 @@
+"""`tunefarm tuner`: the service's search-loop process.
+
+Jobs are claimed in SQL (`tuner.db.jobs.claim`, a lease judged by the database clock); the Redis
+stream Keys.jobs only wakes tuners up. Every poll also claims from SQL directly, so a Redis wipe
+or a dead tuner loses nothing: a job whose tuner stopped renewing its lease is resumed by another
+tuner from its committed records. Several tuner processes may run side by side, one job each.
+
+While a job runs, a lease thread renews the lease every few seconds and watches the job's state:
+a cancel request (CANCELLING) cancels the job at once, abandoning the measurements in flight.
+SIGTERM (or `stop_event`) stops the tuner promptly: the running job goes back to RUNNING with
+its lease released, for another tuner to resume.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import socket
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+import redis
+
+from tuner.config import Settings, get_settings
+from tuner.db import Store
+from tuner.db import jobs as jobdb
+from tuner.db.models import JobState, utcnow
+from tuner.db.rows import JobRow
+from tuner.errors import Conflict
+from tuner.measure import MeasureOptions
+from tuner.queue import Keys, events, streams
+from tuner.search.loop import Progress, Tuner, TuneRequest
+from tuner.service.measurer import Interrupted, RemoteMeasurer
+from tuner.workloads import parse_spec
+
+log = logging.getLogger(__name__)
+
+CANCELLED_TTL_S = 24 * 3600
+
+
+def measure_options(settings: Settings, target: dict[str, Any]) -> MeasureOptions:
+    """The measurement protocol from the settings, as `tunefarm tune` builds it: a kernel runs
+    on the target's num-cores threads (TVM_NUM_THREADS in the worker's sandbox)."""
+    threads = settings.num_threads or int(target.get("num-cores") or 1)
+    return MeasureOptions(min_repeat_ms=settings.min_repeat_ms, repeats=settings.repeats,
+                          cache_flush=settings.cache_flush, build_timeout_s=settings.build_timeout_s,
+                          run_timeout_s=settings.run_timeout_s, num_threads=threads)
+
+
+def tune_request(store: Store, job: JobRow, settings: Settings) -> TuneRequest:
+    """The TuneRequest of a stored job (workload spec, target, trials, space, options)."""
+    wrow = store.get_workload(job.workload_id)
+    tref = store.get_target(job.target_id)
+    if wrow is None or tref is None:
+        raise LookupError(f"job {job.id} names a workload or target that does not exist")
+    target = json.loads(tref.target_json)
+    opts = job.options or {}
+    seed = opts.get("seed")
+    return TuneRequest(
+        workload=parse_spec(json.loads(wrow.spec_json)), target=target, trials=job.trials,
+        device_key=tref.device_key, space=job.space,
+        batch_size=int(opts.get("batch_size") or settings.batch_size),
+        early_stop=opts.get("early_stop"),
+        seed=int(seed if seed is not None else (settings.seed or 0)),
+        options=measure_options(settings, target), job_id=job.id)
+
+
+@dataclass
+class _JobWatch:
+    """What the lease thread learns about the running job."""
+
+    job: JobRow
+    entry_id: str | None = None  # its wake-up entry on Keys.jobs, held while the job runs
+    started: float = field(default_factory=time.monotonic)
+    cancelled: bool = False
+    lease_lost: bool = False
+    abort: threading.Event = field(default_factory=threading.Event)  # stop measuring now
+    done: threading.Event = field(default_factory=threading.Event)
+
+
+class TunerService:
+    """One tuner process: claims jobs and runs them one at a time."""
+
+    def __init__(self, store: Store, r: redis.Redis, keys: Keys, *, settings: Settings,
+                 stop_event: threading.Event, poll_s: float = 2.0, owner: str | None = None,
+                 renew_every_s: float | None = None) -> None:
+        self.store, self.r, self.keys, self.settings = store, r, keys, settings
+        self.stop_event = stop_event
+        self.poll_s = poll_s
+        self.owner = owner or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+        self.lease_s = settings.job_lease_s
+        self.renew_every_s = renew_every_s or max(0.2, min(5.0, self.lease_s / 3))
+        self.jobs_run = 0
+
+    # ------------------------------------------------------------------ claiming
+    def step(self) -> bool:
+        """One poll: run a job if one can be claimed; False when there was nothing to do."""
+        job = self._claim()
+        entry_id = None
+        if job is None:
+            job, entry_id = self._claim_from_stream()
+        if job is None:
+            return False
+        self.run_job(job, entry_id)
+        return True
+
+    def _claim(self, job_id: str | None = None) -> JobRow | None:
+        return jobdb.claim(self.store, self.owner, self.lease_s, job_id=job_id)
+
+    def _claim_from_stream(self) -> tuple[JobRow | None, str | None]:
+        """Wait up to poll_s for a wake-up on Keys.jobs (new entries, or a dead tuner's entries
+        past the lease); entries for jobs this tuner cannot claim are acknowledged at once."""
+        stream, group = self.keys.jobs, Keys.TUNERS_GROUP
+        try:
+            entries = streams.reclaim(self.r, stream, group, self.owner, min_idle_s=self.lease_s,
+                                      count=10)
+            entries += streams.read_new(self.r, stream, group, self.owner, count=1,
+                                        block_s=None if entries else self.poll_s)
+        except (redis.RedisError, OSError) as exc:
+            log.warning("job stream unavailable (%s); polling SQL only", exc)
+            self.stop_event.wait(self.poll_s)
+            return None, None
+        job: JobRow | None = None
+        entry_id = None
+        for entry in entries:
+            if job is None:
+                job = self._claim(entry.fields.get("job_id", ""))
+                if job is not None:
+                    entry_id = entry.id
+                    continue
+            self._ack(entry.id)
+        return job, entry_id
+
+    def _ack(self, entry_id: str | None) -> None:
+        if entry_id is None:
+            return
+        try:
+            streams.ack(self.r, self.keys.jobs, Keys.TUNERS_GROUP, entry_id)
+        except (redis.RedisError, OSError) as exc:
+            log.warning("cannot acknowledge job entry %s: %s", entry_id, exc)
+
+    # ------------------------------------------------------------------ running
+    def run_job(self, job: JobRow, entry_id: str | None = None) -> JobRow | None:
+        """Run a claimed job to a terminal state (or until this tuner stops); returns its row."""
+        log.info("tuner %s runs job %s (%s)", self.owner, job.id, job.state)
+        watch = _JobWatch(job, entry_id)
+        renewer = threading.Thread(target=self._keep_lease, args=(watch,), daemon=True,
+                                   name=f"lease-{job.id[:8]}")
+        renewer.start()
+        measurer = None
+        try:
+            req = tune_request(self.store, job, self.settings)
+            measurer = RemoteMeasurer(
+                self.r, self.keys, req.device_key, store=self.store,
+                queue_wait_s=self.settings.queue_wait_s, lease_s=self.settings.lease_s,
+                shutdown=watch.abort)
+            tuner = Tuner(self.store, measurer, on_progress=self._progress,
+                          should_stop=lambda: self._should_stop(watch))
+            self._publish_state(job.id, JobState.RUNNING)
+            tuner.run(req)
+        except Interrupted as exc:  # the loop leaves the job RUNNING: another tuner resumes it
+            log.info("job %s interrupted: %s", job.id, exc)
+        except Conflict as exc:  # the loop could not fail a job cancelled under it: fine
+            log.info("job %s stopped: %s", job.id, exc)
+        except Exception as exc:
+            log.exception("job %s failed", job.id)
+            self._fail(job.id, f"{type(exc).__name__}: {exc}")
+        finally:
+            watch.done.set()
+            renewer.join(timeout=10)
+            if measurer is not None:
+                measurer.discard()
+        return self._finish(watch, entry_id)
+
+    def _finish(self, watch: _JobWatch, entry_id: str | None) -> JobRow | None:
+        job_id = watch.job.id
+        row = self.store.get_job(job_id)
+        if row is not None and not row.state.is_terminal and watch.cancelled:
+            row = self._transition(job_id, JobState.CANCELLED)
+        if row is not None and row.state.is_terminal:
+            self._ack(entry_id)
+            self.jobs_run += 1
+            self._publish_state(job_id, row.state, row.error)
+        elif row is not None and not watch.lease_lost:
+            jobdb.release(self.store, job_id, self.owner)  # another tuner resumes it
+        return row
+
+    def _transition(self, job_id: str, to: JobState, **kw: Any) -> JobRow | None:
+        try:
+            return jobdb.transition(self.store, job_id, to, **kw)
+        except Conflict as exc:
+            log.info("job %s: %s", job_id, exc)
+            return self.store.get_job(job_id)
+
+    def _fail(self, job_id: str, error: str) -> None:
+        row = self.store.get_job(job_id)
+        if row is not None and not row.state.is_terminal:
+            self._transition(job_id, JobState.FAILED, error=error[:2000])
+
+    def _should_stop(self, watch: _JobWatch) -> str | None:
+        if watch.cancelled:
+            return "cancelled"
+        budget = watch.job.wall_budget_s
+        if budget is not None:
+            began = watch.job.started_at
+            spent = (utcnow() - began).total_seconds() if began else 0.0
+            if max(spent, time.monotonic() - watch.started) >= budget:
+                return "wall-clock budget reached"
+        if watch.abort.is_set():
+            raise Interrupted("tuner stopping")
+        return None
+
+    def _progress(self, p: Progress) -> None:
+        last = None if p.last is None else str(p.last.invalidity)
+        events.publish(self.r, self.keys, p.job_id, "progress",
+                       {"done": p.done, "total": p.total, "best_s": p.best_s,
+                        "best_gflops": p.best_gflops, "last": last, "message": p.message})
+
+    def _publish_state(self, job_id: str, state: JobState, error: str | None = None) -> None:
+        data: dict[str, Any] = {"state": str(state)}
+        if error:
+            data["error"] = error
+        events.publish(self.r, self.keys, job_id, "state", data)
+
+    # ------------------------------------------------------------------ lease
+    def _keep_lease(self, watch: _JobWatch) -> None:
+        """Renew the job lease every renew_every_s and watch for cancel requests and shutdown."""
+        next_renew = time.monotonic() + self.renew_every_s
+        while not watch.done.wait(0.1):
+            if self.stop_event.is_set():
+                watch.abort.set()
+            if time.monotonic() < next_renew:
+                continue
+            next_renew = time.monotonic() + self.renew_every_s
+            try:
+                if not jobdb.renew(self.store, watch.job.id, self.owner, self.lease_s):
+                    log.error("tuner %s lost the lease of job %s: stopping it here", self.owner,
+                              watch.job.id)
+                    watch.lease_lost = True
+                    watch.abort.set()
+                    return
+                row = self.store.get_job(watch.job.id)
+            except Exception as exc:  # noqa: BLE001 - a database hiccup: try again next tick
+                log.warning("cannot renew the lease of job %s: %s", watch.job.id, exc)
+                continue
+            if row is not None and row.state is JobState.CANCELLING and not watch.cancelled:
+                self._cancel(watch)
+            self._keep_entry(watch)
+
+    def _keep_entry(self, watch: _JobWatch) -> None:
+        """Keep the job's wake-up entry from being reclaimed by other tuners while it runs."""
+        if watch.entry_id is None:
+            return
+        try:
+            streams.keep_lease(self.r, self.keys.jobs, Keys.TUNERS_GROUP, self.owner,
+                               [watch.entry_id])
+        except (redis.RedisError, OSError):
+            pass
+
+    def _cancel(self, watch: _JobWatch) -> None:
+        """A cancel request: the job is CANCELLED now, workers skip its queued trials and the
+        measurement in flight is abandoned."""
+        job_id = watch.job.id
+        log.info("job %s: cancel requested", job_id)
+        try:
+            self.r.set(self.keys.cancelled(job_id), "1", ex=CANCELLED_TTL_S)
+        except (redis.RedisError, OSError) as exc:
+            log.warning("cannot mark job %s cancelled in Redis: %s", job_id, exc)
+        watch.cancelled = True
+        self._transition(job_id, JobState.CANCELLED)
+        watch.abort.set()
+
+
+def _install_signal_handlers(stop: threading.Event) -> dict[int, Any]:
+    """SIGTERM/SIGINT set `stop` (main thread only); returns the handlers to restore."""
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+    old: dict[int, Any] = {}
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        old[sig] = signal.signal(sig, lambda signum, frame: stop.set())
+    return old
+
+
+def run_tuner(*, store_url: str | None, redis_url: str, prefix: str,
+              stop_event: threading.Event | None = None, poll_s: float = 2.0, once: bool = False,
+              settings: Settings | None = None) -> int:
+    """The `tunefarm tuner` loop: claim jobs (SQL lease; Keys.jobs wakes us up) and run them
+    until SIGTERM/SIGINT or `stop_event`. `once`: return after one job, or after one poll that
+    found nothing to do. Returns how many jobs reached a terminal state here."""
+    settings = settings or get_settings()
+    stop = stop_event or threading.Event()
+    restore = _install_signal_handlers(stop)
+    store = Store(store_url)
+    r = streams.connect(redis_url)
+    svc = TunerService(store, r, Keys(prefix), settings=settings, stop_event=stop, poll_s=poll_s)
+    log.info("tuner %s started (store %s, redis prefix %r)", svc.owner, store.safe_url, prefix)
+    try:
+        try:
+            streams.ensure_group(r, svc.keys.jobs, Keys.TUNERS_GROUP)
+        except (redis.RedisError, OSError) as exc:
+            log.warning("Redis unavailable at start (%s); polling SQL", exc)
+        while not stop.is_set():
+            try:
+                svc.step()
+            except Exception:
+                log.exception("tuner %s: poll failed; retrying in %.1f s", svc.owner, poll_s)
+                stop.wait(poll_s)
+            if once:
+                break
+    finally:
+        for sig, handler in restore.items():
+            signal.signal(sig, handler)
+        r.close()
+        store.close()
+        log.info("tuner %s stopped after %d jobs", svc.owner, svc.jobs_run)
+    return svc.jobs_run

@@ -1,0 +1,338 @@
+"""`tunefarm worker`: the measurement agent of one board class (device key).
+
+    register over the API -> heartbeat thread
+    loop: reclaim entries a dead worker held past the lease (XAUTOCLAIM; poison ones, delivered
+          more than max_deliveries times, are dead-lettered), else read new ones (XREADGROUP)
+          -> skip trials of cancelled jobs -> build the batch (LocalMeasurer.prepare) -> measure
+          each candidate -> POST the result to the API -> XACK only after the API answered 200
+
+Delivery is at least once: a crash anywhere before the XACK hands the entry to another worker
+after the lease, and the API commits a trial id once. While a candidate is built or timed, a
+lease thread renews the entries held (XCLAIM JUSTID), so a long measurement is never stolen.
+An infrastructure failure (the sandbox could not start: WORKER_LOST) is not posted: the entry
+is left to another worker. SIGTERM drains: the current candidate is finished, posted and acked.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Self
+
+import redis
+
+from api.client import ApiError, Client
+from tuner.errors import TunefarmError
+from tuner.measure import Invalidity, MeasureInput, MeasureResult
+from tuner.queue import Keys, streams
+
+log = logging.getLogger(__name__)
+
+POST_GIVE_UP_DRAINING_S = 60.0  # while draining, stop retrying a post after this (entry stays pending)
+
+
+@dataclass
+class WorkerConfig:
+    """What the API told us at registration."""
+
+    worker_id: str
+    prefix: str
+    lease_s: float
+    heartbeat_s: float
+    max_deliveries: int
+
+
+@dataclass
+class Stats:
+    measured: int = 0
+    failures: int = 0
+    infra_failures: int = 0
+    state: str = "idle"
+
+
+class _Leases:
+    """Keeps the entries this worker holds from being reclaimed (XCLAIM JUSTID every lease/3)."""
+
+    def __init__(self, r: redis.Redis, stream: str, consumer: str, lease_s: float) -> None:
+        self.r, self.stream, self.consumer = r, stream, consumer
+        self.every_s = max(0.05, lease_s / 3)
+        self._held: set[str] = set()
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True, name="leases")
+
+    def __enter__(self) -> Self:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+    def hold(self, *entry_ids: str) -> None:
+        with self._lock:
+            self._held.update(entry_ids)
+
+    def drop(self, *entry_ids: str) -> None:
+        with self._lock:
+            self._held.difference_update(entry_ids)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.every_s):
+            with self._lock:
+                ids = sorted(self._held)
+            if not ids:
+                continue
+            try:
+                kept = set(streams.keep_lease(self.r, self.stream, Keys.WORKERS_GROUP,
+                                              self.consumer, ids))
+            except (redis.RedisError, OSError) as exc:
+                log.warning("cannot renew the lease of %d entries: %s", len(ids), exc)
+                continue
+            gone = set(ids) - kept
+            if gone:  # withdrawn by the tuner, or Redis lost them: the result is still posted
+                log.info("entries %s are no longer held (withdrawn or flushed)", sorted(gone))
+                self.drop(*gone)
+
+
+@dataclass
+class Agent:
+    """One worker process's loop; `measurer` has prepare(inputs) and measure_one(inp)."""
+
+    client: Client
+    r: redis.Redis
+    cfg: WorkerConfig
+    device_key: str
+    measurer: Any
+    stop_event: threading.Event
+    concurrency: int = 1
+    stats: Stats = field(default_factory=Stats)
+
+    def __post_init__(self) -> None:
+        self.keys = Keys(self.cfg.prefix)
+        self.stream = self.keys.measure(self.device_key)
+        self.consumer = self.cfg.worker_id
+
+    # ------------------------------------------------------------------ loop
+    def run(self) -> None:
+        with _Leases(self.r, self.stream, self.consumer, self.cfg.lease_s) as leases:
+            while not self.stop_event.is_set():
+                try:
+                    entries = self._next_entries()
+                except (redis.RedisError, OSError) as exc:
+                    log.warning("Redis unavailable (%s); retrying", exc)
+                    self.stop_event.wait(1.0)
+                    continue
+                if not entries:
+                    continue
+                try:
+                    self.process(entries, leases)
+                except Exception:
+                    log.exception("worker %s: a batch failed; its entries go to other workers",
+                                  self.consumer)
+                    self.stop_event.wait(1.0)
+
+    def _next_entries(self) -> list[streams.Entry]:
+        """Entries a dead worker held past the lease first (dead-lettering poison ones), else
+        new ones (waiting up to a second)."""
+        out = []
+        for e in streams.reclaim(self.r, self.stream, Keys.WORKERS_GROUP, self.consumer,
+                                 min_idle_s=self.cfg.lease_s, count=self.concurrency):
+            if e.deliveries > self.cfg.max_deliveries:
+                streams.dead_letter(self.r, self.keys, self.device_key, e, reason=(
+                    f"delivered {e.deliveries} times (max {self.cfg.max_deliveries}): the workers "
+                    "measuring it died or lost it"))
+            else:
+                log.info("reclaimed entry %s (delivery %d)", e.id, e.deliveries)
+                out.append(e)
+        if out:
+            return out
+        return streams.read_new(self.r, self.stream, Keys.WORKERS_GROUP, self.consumer,
+                                count=self.concurrency, block_s=1.0)
+
+    def process(self, entries: list[streams.Entry], leases: _Leases) -> None:
+        """Measure, post and acknowledge a batch of entries (one candidate at a time)."""
+        leases.hold(*(e.id for e in entries))
+        todo: list[tuple[streams.Entry, MeasureInput]] = []
+        for e in entries:
+            inp = self._parse(e)
+            if inp is not None and not self._skip_cancelled(e, inp):
+                todo.append((e, inp))
+        try:
+            if todo:
+                self.stats.state = "busy"
+                if hasattr(self.measurer, "prepare"):
+                    self.measurer.prepare([inp for _, inp in todo])
+            for i, (e, inp) in enumerate(todo):
+                if i and self.stop_event.is_set():
+                    log.info("draining: %d held entries are left to other workers", len(todo) - i)
+                    break
+                self._measure_post_ack(e, inp)
+        finally:
+            leases.drop(*(e.id for e in entries))
+            self.stats.state = "draining" if self.stop_event.is_set() else "idle"
+
+    def _parse(self, e: streams.Entry) -> MeasureInput | None:
+        try:
+            return MeasureInput.from_json(e.fields["input"])
+        except (KeyError, TypeError, ValueError) as exc:
+            streams.dead_letter(self.r, self.keys, self.device_key, e,
+                                reason=f"not a MeasureInput: {exc}")
+            return None
+
+    def _skip_cancelled(self, e: streams.Entry, inp: MeasureInput) -> bool:
+        job_id = (inp.context or {}).get("job_id")
+        if not job_id or not self.r.exists(self.keys.cancelled(job_id)):
+            return False
+        log.info("skipping trial %s: job %s is cancelled", inp.trial_id, job_id)
+        streams.ack(self.r, self.stream, Keys.WORKERS_GROUP, e.id)
+        return True
+
+    def _measure_post_ack(self, e: streams.Entry, inp: MeasureInput) -> None:
+        t0 = time.monotonic()
+        res = self.measurer.measure_one(inp)
+        if res.invalidity is Invalidity.WORKER_LOST:
+            # not the kernel's fault: another worker gets it after the lease (or it is
+            # dead-lettered after max_deliveries); posting it would burn the trial id
+            self.stats.infra_failures += 1
+            log.warning("trial %s: infrastructure failure, left to another worker: %s",
+                        inp.trial_id, res.error_msg)
+            self.stop_event.wait(1.0)
+            return
+        if self._post(e, inp, res):
+            streams.ack(self.r, self.stream, Keys.WORKERS_GROUP, e.id)
+            self.stats.measured += 1
+            self.stats.failures += 0 if res.ok else 1
+            log.info("trial %s: %s %s in %.1f s", inp.trial_id, res.invalidity,
+                     f"{res.median_s * 1e6:.1f} us" if res.median_s else "", time.monotonic() - t0)
+
+    def _post(self, e: streams.Entry, inp: MeasureInput, res: MeasureResult) -> bool:
+        """POST the result until the API takes it; True once it answered 200. A result the API
+        rejects for good (4xx) is dead-lettered; while draining, give up after a minute."""
+        delay, started = 0.5, time.monotonic()
+        while True:
+            try:
+                self.client.post_result(self.cfg.worker_id, inp, res)
+                return True
+            except ApiError as err:
+                if not err.transient:
+                    self._reject(e, inp, err)
+                    return False
+                log.warning("cannot post trial %s (%s); retrying in %.1f s", inp.trial_id, err,
+                            delay)
+            if self.stop_event.is_set() and time.monotonic() - started > POST_GIVE_UP_DRAINING_S:
+                log.error("draining: trial %s not posted; its entry stays pending", inp.trial_id)
+                return False
+            time.sleep(delay)
+            delay = min(delay * 2, 10.0)
+
+    def _reject(self, e: streams.Entry, inp: MeasureInput, err: ApiError) -> None:
+        log.error("the API rejected the result of trial %s: %s", inp.trial_id, err)
+        streams.dead_letter(self.r, self.keys, self.device_key, e,
+                            reason=f"the API rejected the result: {err}")
+
+
+# ---------------------------------------------------------------------- registration, heartbeat
+def register(client: Client, *, name: str, device_key: str, target: dict[str, Any],
+             stop_event: threading.Event) -> WorkerConfig | None:
+    """Register over the API, retrying while it is unreachable; None if stopped first."""
+    from tuner import tvm_api as tv
+
+    delay = 0.5
+    while not stop_event.is_set():
+        try:
+            reg = client.register_worker(
+                name=name, device_key=device_key, target=target, tvm_version=tv.tvm_version(),
+                hostname=socket.gethostname(),
+                capabilities={"mode": "local", "cpus": os.cpu_count() or 1})
+        except ApiError as err:
+            if not err.transient:
+                raise TunefarmError(f"the API refused to register this worker: {err}") from err
+            log.warning("cannot register with the API (%s); retrying in %.1f s", err, delay)
+            stop_event.wait(delay)
+            delay = min(delay * 2, 10.0)
+            continue
+        return WorkerConfig(worker_id=str(reg["id"]), prefix=str(reg["redis_prefix"]),
+                            lease_s=float(reg["lease_s"]), heartbeat_s=float(reg["heartbeat_s"]),
+                            max_deliveries=int(reg["max_deliveries"]))
+    return None
+
+
+def _heartbeats(client: Client, cfg: WorkerConfig, stats: Stats, done: threading.Event) -> None:
+    while not done.wait(cfg.heartbeat_s):
+        try:
+            client.heartbeat(cfg.worker_id, state=stats.state, measured=stats.measured,
+                             failures=stats.failures, infra_failures=stats.infra_failures)
+        except ApiError as err:
+            log.warning("heartbeat failed: %s", err)
+
+
+def _install_signal_handlers(stop: threading.Event) -> dict[int, Any]:
+    """SIGTERM/SIGINT drain the worker (main thread only); returns the handlers to restore."""
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+    old: dict[int, Any] = {}
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        old[sig] = signal.signal(sig, lambda signum, frame: stop.set())
+    return old
+
+
+def run_worker(*, api_url: str, token: str | None, redis_url: str, device_key: str,
+               target: dict[str, Any], name: str | None = None,
+               stop_event: threading.Event | None = None, concurrency: int = 1,
+               measurer_factory: Callable[[str], Any] | None = None) -> int:
+    """The `tunefarm worker` loop until SIGTERM/SIGINT or `stop_event` (drains, returns 0).
+    `concurrency`: entries taken at once (built in parallel, timed one by one).
+    `measurer_factory(worker_id)` (tests) replaces LocalMeasurer."""
+    stop = stop_event or threading.Event()
+    restore = _install_signal_handlers(stop)
+    client = Client(api_url, token)
+    beat_client = Client(api_url, token, retries=0)
+    r = streams.connect(redis_url)
+    measurer = None
+    done = threading.Event()
+    try:
+        cfg = register(client, name=name or f"{socket.gethostname()}:{os.getpid()}",
+                       device_key=device_key, target=target, stop_event=stop)
+        if cfg is None:
+            return 0
+        log.info("worker %s (%s) measures device key %r", cfg.worker_id, name, device_key)
+        if measurer_factory is not None:
+            measurer = measurer_factory(cfg.worker_id)
+        else:
+            from workers.local import LocalMeasurer
+
+            measurer = LocalMeasurer(worker_id=cfg.worker_id)
+        agent = Agent(client, r, cfg, device_key, measurer, stop, max(1, concurrency))
+        beat = threading.Thread(target=_heartbeats, args=(beat_client, cfg, agent.stats, done),
+                                daemon=True, name="heartbeat")
+        beat.start()
+        agent.run()
+        done.set()
+        beat.join(timeout=15)
+        _final_heartbeat(beat_client, cfg, agent.stats)
+        log.info("worker %s stopped: %d measured", cfg.worker_id, agent.stats.measured)
+        return 0
+    finally:
+        done.set()
+        for sig, handler in restore.items():
+            signal.signal(sig, handler)
+        if measurer is not None and hasattr(measurer, "close"):
+            measurer.close()
+        r.close()
+        client.close()
+        beat_client.close()
+
+
+def _final_heartbeat(client: Client, cfg: WorkerConfig, stats: Stats) -> None:
+    try:
+        client.heartbeat(cfg.worker_id, state="offline", measured=stats.measured,
+                         failures=stats.failures, infra_failures=stats.infra_failures)
+    except ApiError as err:
+        log.warning("final heartbeat failed: %s", err)
