@@ -32,6 +32,15 @@ TokenOpt = Annotated[str | None, typer.Option("--token", help="Bearer token (def
 TERMINAL = ("SUCCEEDED", "FAILED", "CANCELLED")
 
 
+def _log_setup() -> None:
+    """Service processes log to stderr, one line per event (TUNEFARM_LOG_LEVEL, default INFO)."""
+    import logging
+
+    level = os.environ.get("TUNEFARM_LOG_LEVEL", "INFO").upper()
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per request otherwise
+
+
 def _settings(db: str | None = None, redis: str | None = None) -> Settings:
     s = get_settings()
     return s.model_copy(update={k: v for k, v in (("database_url", db), ("redis_url", redis)) if v})
@@ -112,6 +121,7 @@ def tuner_cmd(db: DbOpt = None, redis: RedisOpt = None) -> None:
     """Run search loops for queued jobs (several tuner processes may run)."""
     from tuner.service.runner import run_tuner
 
+    _log_setup()
     s = _settings(db, redis)
     try:
         _check_redis(s.redis_url)
@@ -130,6 +140,7 @@ def worker(
     """Measure candidates for a device key (local mode: this machine is the board)."""
     from workers.agent import run_worker
 
+    _log_setup()
     s = _settings(redis=redis)
     try:
         tgt = _target(target, runnable_here=True)

@@ -4,6 +4,7 @@ Every process runs in its own process group and is killed with it."""
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -66,13 +67,14 @@ class Farm:
             time.sleep(0.2)
         raise RuntimeError(f"the API did not become ready in 60 s: {self.log('api')}")
 
-    def start_tuner(self, name: str = "tuner") -> subprocess.Popen[bytes]:
-        return self.start(name, "tuner")
+    def start_tuner(self, name: str = "tuner", **env: str) -> subprocess.Popen[bytes]:
+        return self.start(name, "tuner", **env)
 
-    def start_worker(self, name: str, device_key: str = "e2e") -> subprocess.Popen[bytes]:
+    def start_worker(self, name: str, *args: str, device_key: str = "e2e",
+                     **env: str) -> subprocess.Popen[bytes]:
         return self.start(name, "worker", "--device-key", device_key, "--target",
-                          __import__("json").dumps(TARGET), "--name", name,
-                          TUNEFARM_TOKEN=self.worker_token)
+                          json.dumps(TARGET), "--name", name, *args,
+                          TUNEFARM_TOKEN=self.worker_token, **env)
 
     def log(self, name: str) -> str:
         path = self.workdir / f"{name}.log"

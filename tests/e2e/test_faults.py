@@ -1,0 +1,155 @@
+"""Faults in a running farm (real processes on loopback): a worker, the tuner or Redis dies in
+the middle of a job, and kernels crash or hang. A fault costs a retry, never a lost or a
+duplicated trial, and the farm keeps working."""
+
+from __future__ import annotations
+
+import signal
+import textwrap
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+from tests.conftest import _reset_pg
+from tests.e2e.farm import TARGET, Farm
+from tuner.db import Store
+from tuner.measure import Invalidity
+
+pytestmark = pytest.mark.slow
+SPEC = {"op": "matmul", "shape": [64, 64, 64]}
+
+
+@pytest.fixture
+def farm(pg_url: str, private_redis_url: str, tmp_path: Path) -> Iterator[Farm]:
+    _reset_pg(pg_url)
+    # short leases, so a dead worker's or tuner's work moves on within seconds
+    f = Farm(db_url=pg_url, redis_url=private_redis_url, workdir=tmp_path,
+             TUNEFARM_LEASE_S="4", TUNEFARM_JOB_LEASE_S="4", TUNEFARM_RUN_TIMEOUT_S="5")
+    try:
+        f.start_api()
+        yield f
+    finally:
+        f.stop()
+
+
+def _submit(farm: Farm, trials: int, spec: dict[str, Any] | None = None) -> str:
+    job = farm.client().submit_job({"workload": spec or SPEC, "target": TARGET,
+                                    "device_key": "e2e", "trials": trials, "batch_size": 4})
+    return str(job["id"])
+
+
+def _records(pg_url: str, job_id: str) -> list[Any]:
+    store = Store(pg_url)
+    try:
+        return store.records(job_id=job_id)
+    finally:
+        store.close()
+
+
+def _wait(cond: Any, timeout: float, farm: Farm, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return
+        time.sleep(0.25)
+    raise AssertionError(f"timed out waiting for {what}\n{farm.logs()}")
+
+
+def _finished(farm: Farm, job_id: str, timeout: float = 240) -> dict[str, Any]:
+    client = farm.client()
+    _wait(lambda: client.get_job(job_id)["state"] in ("SUCCEEDED", "FAILED", "CANCELLED"),
+          timeout, farm, f"job {job_id} to finish")
+    return client.get_job(job_id)
+
+
+def _no_lost_no_duplicate(recs: list[Any], trials: int) -> None:
+    measured = [r for r in recs if r.invalidity is not Invalidity.WORKER_LOST]
+    assert len(measured) >= trials, f"{len(measured)} measured of {trials}"
+    assert len({r.cand_hash for r in measured}) == len(measured), "a candidate was measured twice"
+
+
+def test_sigkill_worker_mid_measurement(farm: Farm, pg_url: str) -> None:
+    # slow timing (3 repeats of >= 100 ms per candidate): w1 dies in the middle of a measurement
+    farm.start_tuner(TUNEFARM_MIN_REPEAT_MS="100")
+    farm.start_worker("w1")
+    job_id = _submit(farm, trials=12)
+    _wait(lambda: len(_records(pg_url, job_id)) >= 2, 180, farm, "the first records")
+    farm.start_worker("w2")
+    farm.kill("w1")  # SIGKILL the group: its sandbox dies too, its entries stay pending
+    final = _finished(farm, job_id)
+    assert final["state"] == "SUCCEEDED", final
+    _no_lost_no_duplicate(_records(pg_url, job_id), 12)
+    assert "reclaimed entry" in farm.log("w2"), farm.logs()  # w1's leased work was redelivered
+
+
+def test_sigkill_tuner_then_a_new_one_resumes(farm: Farm, pg_url: str) -> None:
+    farm.start_tuner("t1")
+    farm.start_worker("w1")
+    job_id = _submit(farm, trials=12)
+    _wait(lambda: len(_records(pg_url, job_id)) >= 4, 180, farm, "four records")
+    farm.kill("t1")
+    before = {r.trial_id: r for r in _records(pg_url, job_id)}
+    farm.start_tuner("t2")
+    final = _finished(farm, job_id)
+    assert final["state"] == "SUCCEEDED", final
+    after = _records(pg_url, job_id)
+    _no_lost_no_duplicate(after, 12)
+    by_id = {r.trial_id: r for r in after}
+    assert all(by_id[t] == r for t, r in before.items())  # committed records survive unchanged
+
+
+def test_redis_flushed_mid_job(farm: Farm, pg_url: str) -> None:
+    farm.start_tuner()
+    farm.start_worker("w1")
+    job_id = _submit(farm, trials=12)
+    _wait(lambda: len(_records(pg_url, job_id)) >= 3, 180, farm, "three records")
+    client = redis.Redis.from_url(farm.redis_url)
+    client.flushall()  # jobs stream, measurement stream, groups, events: all gone
+    client.close()
+    final = _finished(farm, job_id)
+    assert final["state"] == "SUCCEEDED", final
+    _no_lost_no_duplicate(_records(pg_url, job_id), 12)
+
+
+HEADER = "from tvm.script import tirx as T\n\n@T.prim_func(s_tir=True)\n"
+CRASH = HEADER + textwrap.dedent('''\
+    def main(A: T.Buffer((16,), "float32"), B: T.Buffer((16,), "float32")):
+        T.func_attr({"global_symbol": "main", "tirx.noalias": True})
+        for i in range(16):
+            with T.sblock("B"):
+                vi = T.axis.spatial(16, i)
+                B[vi] = A[T.Cast("int32", A[vi] * T.float32(1000000000.0))]
+    ''')
+HANG = HEADER + textwrap.dedent('''\
+    def main(A: T.Buffer((16,), "float32"), B: T.Buffer((16,), "float32")):
+        T.func_attr({"global_symbol": "main", "tirx.noalias": True})
+        for i, j, k in T.grid(16, 100000, 100000):
+            with T.sblock("B"):
+                vi, vj, vk = T.axis.remap("SRR", [i, j, k])
+                with T.init():
+                    B[vi] = T.float32(0)
+                B[vi] = B[vi] + A[vi] * T.float32(1.0000001)
+    ''')
+
+
+def test_crashing_and_hanging_kernels_are_recorded_and_the_farm_goes_on(farm: Farm,
+                                                                          pg_url: str) -> None:
+    farm.start_tuner()
+    worker = farm.start_worker("w1")
+    crash = _submit(farm, trials=1, spec={"op": "tir", "tvmscript": CRASH})
+    hang = _submit(farm, trials=1, spec={"op": "tir", "tvmscript": HANG})
+    ok = _submit(farm, trials=4)
+    for job_id, want in ((crash, Invalidity.RUN_ERROR), (hang, Invalidity.RUN_TIMEOUT)):
+        final = _finished(farm, job_id)
+        recs = _records(pg_url, job_id)
+        assert final["state"] == "SUCCEEDED" and final["best"] is None, final
+        assert [r.invalidity for r in recs] == [want], [(r.invalidity, r.error_msg) for r in recs]
+    assert _finished(farm, ok)["state"] == "SUCCEEDED"
+    assert all(r.invalidity is Invalidity.OK for r in _records(pg_url, ok))
+    assert worker.poll() is None  # the same worker process measured all three jobs
+    worker.send_signal(signal.SIGTERM)  # and drains cleanly
+    assert worker.wait(timeout=60) == 0
