@@ -135,7 +135,7 @@ class WorkerRegistered(BaseModel):
 
 
 class Heartbeat(BaseModel):
-    state: Literal["idle", "busy", "draining", "offline"] = "idle"
+    state: Literal["idle", "busy", "draining", "quarantined", "offline"] = "idle"
     measured: int = Field(default=0, ge=0)
     failures: int = Field(default=0, ge=0)
     infra_failures: int = Field(default=0, ge=0)

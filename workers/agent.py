@@ -9,8 +9,12 @@
 Delivery is at least once: a crash anywhere before the XACK hands the entry to another worker
 after the lease, and the API commits a trial id once. While a candidate is built or timed, a
 lease thread renews the entries held (XCLAIM JUSTID), so a long measurement is never stolen.
-An infrastructure failure (the sandbox could not start: WORKER_LOST) is not posted: the entry
-is left to another worker. SIGTERM drains: the current candidate is finished, posted and acked.
+An infrastructure failure (WORKER_LOST: the sandbox could not start, the board's RPC server died)
+is recorded under an attempt id of its own (it never trains the cost model) and the candidate is
+measured again at once (over RPC: on another board); if it keeps failing, the entry is left to
+another worker. After `quarantine_after` infrastructure failures in a row the worker quarantines
+itself: it takes no work until a health probe of its board passes. SIGTERM drains: the current
+candidate is finished, posted and acked.
 """
 
 from __future__ import annotations
@@ -21,8 +25,9 @@ import signal
 import socket
 import threading
 import time
+import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Self
 
 import redis
@@ -35,6 +40,7 @@ from tuner.queue import Keys, streams
 log = logging.getLogger(__name__)
 
 POST_GIVE_UP_DRAINING_S = 60.0  # while draining, stop retrying a post after this (entry stays pending)
+LOST_RETRIES = 1  # measure again at once after an infrastructure failure (another board over RPC)
 
 
 @dataclass
@@ -53,6 +59,7 @@ class Stats:
     measured: int = 0
     failures: int = 0
     infra_failures: int = 0
+    infra_in_a_row: int = 0
     state: str = "idle"
 
 
@@ -112,6 +119,8 @@ class Agent:
     measurer: Any
     stop_event: threading.Event
     concurrency: int = 1
+    quarantine_after: int = 3  # infrastructure failures in a row
+    probe_s: float = 10.0  # between health probes while quarantined
     stats: Stats = field(default_factory=Stats)
 
     def __post_init__(self) -> None:
@@ -123,6 +132,9 @@ class Agent:
     def run(self) -> None:
         with _Leases(self.r, self.stream, self.consumer, self.cfg.lease_s) as leases:
             while not self.stop_event.is_set():
+                if self.stats.state == "quarantined":
+                    self._probe()
+                    continue
                 try:
                     entries = self._next_entries()
                 except (redis.RedisError, OSError) as exc:
@@ -170,13 +182,15 @@ class Agent:
                 if hasattr(self.measurer, "prepare"):
                     self.measurer.prepare([inp for _, inp in todo])
             for i, (e, inp) in enumerate(todo):
-                if i and self.stop_event.is_set():
-                    log.info("draining: %d held entries are left to other workers", len(todo) - i)
+                if i and (self.stop_event.is_set() or self.stats.state == "quarantined"):
+                    log.info("%s: %d held entries are left to other workers",
+                             self.stats.state, len(todo) - i)
                     break
                 self._measure_post_ack(e, inp)
         finally:
             leases.drop(*(e.id for e in entries))
-            self.stats.state = "draining" if self.stop_event.is_set() else "idle"
+            if self.stats.state != "quarantined":
+                self.stats.state = "draining" if self.stop_event.is_set() else "idle"
 
     def _parse(self, e: streams.Entry) -> MeasureInput | None:
         try:
@@ -196,14 +210,21 @@ class Agent:
 
     def _measure_post_ack(self, e: streams.Entry, inp: MeasureInput) -> None:
         t0 = time.monotonic()
-        res = self.measurer.measure_one(inp)
-        if res.invalidity is Invalidity.WORKER_LOST:
-            # not the kernel's fault: another worker gets it after the lease (or it is
-            # dead-lettered after max_deliveries); posting it would burn the trial id
-            self.stats.infra_failures += 1
-            log.warning("trial %s: infrastructure failure, left to another worker: %s",
+        for _attempt in range(1 + LOST_RETRIES):
+            res = self.measurer.measure_one(inp)
+            if res.invalidity is not Invalidity.WORKER_LOST:
+                self.stats.infra_in_a_row = 0
+                break
+            self._lost(inp, res)
+            if self.stats.state == "quarantined":
+                break
+        else:
+            # still not the kernel's fault: another worker gets it after the lease (or it is
+            # dead-lettered after max_deliveries); posting it as the trial would burn its id
+            log.warning("trial %s: infrastructure failures, left to another worker: %s",
                         inp.trial_id, res.error_msg)
-            self.stop_event.wait(1.0)
+            return
+        if res.invalidity is Invalidity.WORKER_LOST:
             return
         if self._post(e, inp, res):
             streams.ack(self.r, self.stream, Keys.WORKERS_GROUP, e.id)
@@ -211,6 +232,40 @@ class Agent:
             self.stats.failures += 0 if res.ok else 1
             log.info("trial %s: %s %s in %.1f s", inp.trial_id, res.invalidity,
                      f"{res.median_s * 1e6:.1f} us" if res.median_s else "", time.monotonic() - t0)
+
+    def _lost(self, inp: MeasureInput, res: MeasureResult) -> None:
+        """Record an infrastructure failure as its own attempt (worker_lost: never trains the
+        model, never takes the trial id); quarantine after too many in a row."""
+        self.stats.infra_failures += 1
+        self.stats.infra_in_a_row += 1
+        log.warning("trial %s: infrastructure failure (%d in a row): %s", inp.trial_id,
+                    self.stats.infra_in_a_row, res.error_msg)
+        attempt = f"{inp.trial_id[:20]}-lost-{uuid.uuid4().hex[:8]}"
+        try:
+            self.client.post_result(self.cfg.worker_id, replace(inp, trial_id=attempt),
+                                    replace(res, trial_id=attempt))
+        except ApiError as err:
+            log.warning("cannot record the failed attempt of %s: %s", inp.trial_id, err)
+        if self.stats.infra_in_a_row >= self.quarantine_after:
+            log.error("worker %s quarantined after %d infrastructure failures in a row; probing "
+                      "its board every %.0f s", self.consumer, self.stats.infra_in_a_row,
+                      self.probe_s)
+            self.stats.state = "quarantined"
+
+    def _probe(self) -> None:
+        """While quarantined: wait, then ask the measurer whether its board works again."""
+        if self.stop_event.wait(self.probe_s):
+            return
+        probe = getattr(self.measurer, "probe", None)
+        try:
+            healthy = bool(probe()) if probe is not None else True
+        except Exception as exc:  # noqa: BLE001 - a failing probe is an answer, not a crash
+            log.warning("health probe failed: %s", exc)
+            healthy = False
+        if healthy:
+            log.info("worker %s re-admitted: the health probe passed", self.consumer)
+            self.stats.infra_in_a_row = 0
+            self.stats.state = "idle"
 
     def _post(self, e: streams.Entry, inp: MeasureInput, res: MeasureResult) -> bool:
         """POST the result until the API takes it; True once it answered 200. A result the API
@@ -286,7 +341,8 @@ def _install_signal_handlers(stop: threading.Event) -> dict[int, Any]:
 def run_worker(*, api_url: str, token: str | None, redis_url: str, device_key: str,
                target: dict[str, Any], name: str | None = None,
                stop_event: threading.Event | None = None, concurrency: int = 1,
-               measurer_factory: Callable[[str], Any] | None = None) -> int:
+               measurer_factory: Callable[[str], Any] | None = None,
+               quarantine_after: int | None = None, probe_s: float | None = None) -> int:
     """The `tunefarm worker` loop until SIGTERM/SIGINT or `stop_event` (drains, returns 0).
     `concurrency`: entries taken at once (built in parallel, timed one by one).
     `measurer_factory(worker_id)` (tests) replaces LocalMeasurer."""
@@ -309,7 +365,12 @@ def run_worker(*, api_url: str, token: str | None, redis_url: str, device_key: s
             from workers.local import LocalMeasurer
 
             measurer = LocalMeasurer(worker_id=cfg.worker_id)
-        agent = Agent(client, r, cfg, device_key, measurer, stop, max(1, concurrency))
+        from tuner.config import get_settings
+
+        s = get_settings()
+        agent = Agent(client, r, cfg, device_key, measurer, stop, max(1, concurrency),
+                      quarantine_after=quarantine_after or s.quarantine_after,
+                      probe_s=probe_s if probe_s is not None else s.probe_s)
         beat = threading.Thread(target=_heartbeats, args=(beat_client, cfg, agent.stats, done),
                                 daemon=True, name="heartbeat")
         beat.start()

@@ -173,6 +173,16 @@ class LocalMeasurer:
             self._child = None
             self.restarts += 1
 
+    def probe(self) -> bool:
+        """Health probe (a quarantined worker asks before taking work again): can a measuring
+        process start on this machine?"""
+        try:
+            self._ensure_child(self._child.num_threads if self._child else 1)
+            return True
+        except (_ChildDied, _Deadline, OSError):
+            self._drop_child()
+            return False
+
     def measure(self, inputs: Iterable[MeasureInput],
                 on_result: Callable[[MeasureResult], None] | None = None) -> list[MeasureResult]:
         results = []

@@ -20,6 +20,8 @@ import httpx
 import pytest
 import redis
 
+from api.client import Client
+
 from tuner.db import Store
 from tuner.db import workers as workerdb
 from tuner.db.tokens import create_token
@@ -167,11 +169,12 @@ class Worker:
         self.stop = threading.Event()
         self.fake: FakeMeasurer | None = None
         fake_kw = kw.pop("fake", {})
+        fake_cls = kw.pop("fake_cls", FakeMeasurer)
         self.rc: list[int] = []
         token = create_token(store, "worker", "agent-test")
 
         def factory(worker_id: str) -> FakeMeasurer:
-            self.fake = FakeMeasurer(worker_id, **fake_kw)
+            self.fake = fake_cls(worker_id, **fake_kw)
             return self.fake
 
         self.thread = threading.Thread(target=lambda: self.rc.append(run_worker(
@@ -287,6 +290,52 @@ def test_skips_cancelled_jobs_and_leaves_infrastructure_failures(
     (pending,) = r.xpending_range(stream, group, min="-", max="+", count=10)
     assert json.loads(r.xrange(stream, min=pending["message_id"],
                                max=pending["message_id"])[0][1]["input"])["trial_id"] == b.trial_id
+
+
+class FlakyBoard(FakeMeasurer):
+    """A board whose first `lost` measurements fail outside the kernel (WORKER_LOST); its health
+    probe passes once `healthy` is set."""
+
+    def __init__(self, worker_id: str, lost: int = 0) -> None:
+        super().__init__(worker_id)
+        self.lost, self.probes, self.healthy = lost, 0, threading.Event()
+
+    def measure_one(self, inp: MeasureInput) -> MeasureResult:
+        if self.lost > 0:
+            self.lost -= 1
+            self.measured.append(inp.trial_id)
+            return MeasureResult.failure(inp.trial_id, Invalidity.WORKER_LOST, "board gone",
+                                         worker=self.worker_id)
+        return super().measure_one(inp)
+
+    def probe(self) -> bool:
+        self.probes += 1
+        return self.healthy.is_set()
+
+
+def test_infrastructure_failures_are_recorded_retried_and_quarantine_the_worker(
+        api: Api, store: Store, r: redis.Redis, redis_url: str, redis_prefix: str) -> None:
+    keys = Keys(redis_prefix)
+    a, b = _inputs(store, 2)
+    with Worker(api, store, redis_url, fake_cls=FlakyBoard, fake={"lost": 3},
+                quarantine_after=3, probe_s=0.2) as w:
+        board = w.fake
+        assert isinstance(board, FlakyBoard)
+        _enqueue(r, keys, [a])
+        # a fails twice (measured again at once, then left); b's first failure makes 3 in a row
+        _wait(lambda: board.measured.count(a.trial_id) == 2)
+        _enqueue(r, keys, [b])
+        _wait(lambda: board.probes >= 2)  # quarantined: probing, taking no work
+        assert b.trial_id in board.measured and store.record(b.trial_id) is None
+        admin = Client(api.url, create_token(store, "admin", "agent-test"))
+        _wait(lambda: [x["state"] for x in admin.list_workers()] == ["quarantined"])
+        admin.close()
+        board.healthy.set()  # re-admitted; a and b come back after the lease (reclaim)
+        _wait(lambda: store.record(a.trial_id) is not None and store.record(b.trial_id) is not None,
+              60)
+    lost = [rec for rec in store.records() if rec.invalidity is Invalidity.WORKER_LOST]
+    assert len(lost) == 3 and all("-lost-" in rec.trial_id for rec in lost)
+    assert store.record(a.trial_id).ok and store.record(b.trial_id).ok  # type: ignore[union-attr]
 
 
 def test_stop_drains_the_current_candidate(api: Api, store: Store, r: redis.Redis,

@@ -15,7 +15,7 @@ from . import models as m
 from .models import utcnow
 from .store import Store
 
-STATES = ("idle", "busy", "draining", "offline")
+STATES = ("idle", "busy", "draining", "quarantined", "offline")
 
 
 @dataclass(frozen=True)
@@ -45,6 +45,8 @@ class WorkerRow:
 
     def to_dict(self) -> dict[str, Any]:
         d = dict(self.__dict__)
+        minutes = max((self.last_seen_at - self.registered_at).total_seconds() / 60, 1 / 60)
+        d["throughput_per_min"] = round(self.measured / minutes, 2)
         d["registered_at"] = self.registered_at.isoformat()
         d["last_seen_at"] = self.last_seen_at.isoformat()
         return d
