@@ -135,20 +135,38 @@ def worker(
     device_key: Annotated[str, typer.Option(help="Board class this worker measures on.")] = "local",
     target: TargetOpt = "host",
     name: Annotated[str | None, typer.Option(help="Worker name (default host:pid).")] = None,
+    rpc_tracker: Annotated[str | None, typer.Option(
+        help="HOST:PORT of a TVM RPC tracker: build here, run on its boards (RPC mode).")] = None,
+    rpc_key: Annotated[str | None, typer.Option(
+        help="Tracker key of the boards (default: the device key).")] = None,
+    concurrency: Annotated[int, typer.Option(min=1, help="Entries taken at once (built in "
+                                                         "parallel, run one at a time per board).")] = 1,
     api: ApiOpt = None, token: TokenOpt = None, redis: RedisOpt = None,
 ) -> None:
-    """Measure candidates for a device key (local mode: this machine is the board)."""
+    """Measure candidates for a device key: on this machine (local mode), or on the boards of a
+    TVM RPC tracker (--rpc-tracker)."""
     from workers.agent import run_worker
 
     _log_setup()
     s = _settings(redis=redis)
     try:
-        tgt = _target(target, runnable_here=True)
+        tracker = _host_port(rpc_tracker) if rpc_tracker else None
+        tgt = _target(target, runnable_here=tracker is None)
         _check_redis(s.redis_url)
         run_worker(api_url=api or s.api_url, token=_client_token(token), redis_url=s.redis_url,
-                   device_key=device_key, target=tgt, name=name)
+                   device_key=device_key, target=tgt, name=name, concurrency=concurrency,
+                   rpc_tracker=tracker, rpc_key=rpc_key)
     except TunefarmError as exc:
         _fail(exc)
+
+
+def _host_port(text: str) -> tuple[str, int]:
+    from tuner.errors import SpecError
+
+    host, _, port = text.rpartition(":")
+    if not host or not port.isdigit():
+        raise SpecError(f"expected HOST:PORT, got {text!r}", field="rpc-tracker")
+    return host, int(port)
 
 
 def _job_body(op: str, shape: str | None, param: list[str] | None, tvmscript: Path | None,

@@ -287,3 +287,64 @@ def tune_context(mod: Any, target: Any, *, space: Any, strategy: Any, seed: int,
             importlib.import_module(f"tvm.s_tir.tensor_intrin.{mod_name}")
     return ms.TuneContext(mod=mod, target=target, space_generator=space, search_strategy=strategy,
                           task_name=task_name, rand_state=seed, num_threads=num_threads)
+
+
+# ---------------------------------------------------------------------------------------------
+# libraries and RPC (workers.rpc, workers.rpcfarm)
+
+
+def library_suffix(target: Any) -> str:
+    """`.so` for this machine's architecture; `.tar` (objects, no cross linker needed: the board
+    links them when it loads the library) for another one, e.g. an aarch64 target here."""
+    triple = str(target.attrs.get("mtriple", "") or "") if hasattr(target, "attrs") else ""
+    if not triple:
+        return ".so"
+    host = str(tvm_ffi.get_global_func("target.llvm_get_system_triple")())
+    return ".so" if triple.split("-")[0] == host.split("-")[0] else ".tar"
+
+
+def export_library(rt: Any, path: str) -> str:
+    """Write a runtime module to `path` (`.so` links with the host compiler, `.tar` does not)."""
+    rt.export_library(path)
+    return path
+
+
+def rpc_tracker_summary(host: str, port: int) -> dict[str, Any]:
+    """The tracker's summary: {"queue_info": {key: {"free", "pending"}}, "server_info": [...]}."""
+    tracker = tvm.rpc.connect_tracker(host, port)
+    try:
+        return dict(_plain(tracker.summary()))
+    finally:
+        tracker.close()
+
+
+def rpc_request_server(host: str, port: int, key: str, *, timeout_s: float,
+                       priority: int = 1) -> tuple[str, int, str]:
+    """Ask the tracker for a free server of `key`: (server host, port, match key).
+
+    Unlike `TrackerSession.request`, which blocks forever while no server is free, this raises
+    TimeoutError after `timeout_s`; closing the connection withdraws the request (the tracker
+    skips requests whose connection is closed)."""
+    import socket
+    import struct
+
+    from tvm.rpc import base
+
+    sock = socket.create_connection((host, port), timeout=timeout_s)
+    try:
+        sock.sendall(struct.pack("<i", base.RPC_TRACKER_MAGIC))
+        if struct.unpack("<i", base.recvall(sock, 4))[0] != base.RPC_TRACKER_MAGIC:
+            raise ConnectionError(f"{host}:{port} is not an RPC tracker")
+        base.sendjson(sock, [base.TrackerCode.REQUEST, key, "", priority])
+        value = base.recvjson(sock)  # socket.timeout (a TimeoutError) past timeout_s
+        if value[0] != base.TrackerCode.SUCCESS:
+            raise ConnectionError(f"the tracker refused the request: {value!r}")
+        url, srv_port, matchkey = value[1]
+        return str(url), int(srv_port), str(matchkey)
+    finally:
+        sock.close()
+
+
+def rpc_connect(host: str, port: int, matchkey: str, *, session_timeout_s: float) -> Any:
+    """Open an RPC session on a server (the server ends it after `session_timeout_s`)."""
+    return tvm.rpc.connect(host, port, key=matchkey, session_timeout=session_timeout_s)

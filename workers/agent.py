@@ -295,7 +295,7 @@ class Agent:
 
 # ---------------------------------------------------------------------- registration, heartbeat
 def register(client: Client, *, name: str, device_key: str, target: dict[str, Any],
-             stop_event: threading.Event) -> WorkerConfig | None:
+             stop_event: threading.Event, mode: str = "local") -> WorkerConfig | None:
     """Register over the API, retrying while it is unreachable; None if stopped first."""
     from tuner import tvm_api as tv
 
@@ -305,7 +305,7 @@ def register(client: Client, *, name: str, device_key: str, target: dict[str, An
             reg = client.register_worker(
                 name=name, device_key=device_key, target=target, tvm_version=tv.tvm_version(),
                 hostname=socket.gethostname(),
-                capabilities={"mode": "local", "cpus": os.cpu_count() or 1})
+                capabilities={"mode": mode, "cpus": os.cpu_count() or 1})
         except ApiError as err:
             if not err.transient:
                 raise TunefarmError(f"the API refused to register this worker: {err}") from err
@@ -342,10 +342,13 @@ def run_worker(*, api_url: str, token: str | None, redis_url: str, device_key: s
                target: dict[str, Any], name: str | None = None,
                stop_event: threading.Event | None = None, concurrency: int = 1,
                measurer_factory: Callable[[str], Any] | None = None,
-               quarantine_after: int | None = None, probe_s: float | None = None) -> int:
+               quarantine_after: int | None = None, probe_s: float | None = None,
+               rpc_tracker: tuple[str, int] | None = None, rpc_key: str | None = None) -> int:
     """The `tunefarm worker` loop until SIGTERM/SIGINT or `stop_event` (drains, returns 0).
     `concurrency`: entries taken at once (built in parallel, timed one by one).
-    `measurer_factory(worker_id)` (tests) replaces LocalMeasurer."""
+    `rpc_tracker` (host, port): build here, run on the boards registered with that TVM RPC
+    tracker under `rpc_key` (default: the device key); else this machine is the board.
+    `measurer_factory(worker_id)` (tests) replaces the measurer."""
     stop = stop_event or threading.Event()
     restore = _install_signal_handlers(stop)
     client = Client(api_url, token)
@@ -355,12 +358,18 @@ def run_worker(*, api_url: str, token: str | None, redis_url: str, device_key: s
     done = threading.Event()
     try:
         cfg = register(client, name=name or f"{socket.gethostname()}:{os.getpid()}",
-                       device_key=device_key, target=target, stop_event=stop)
+                       device_key=device_key, target=target, stop_event=stop,
+                       mode="rpc" if rpc_tracker else "local")
         if cfg is None:
             return 0
         log.info("worker %s (%s) measures device key %r", cfg.worker_id, name, device_key)
         if measurer_factory is not None:
             measurer = measurer_factory(cfg.worker_id)
+        elif rpc_tracker is not None:
+            from workers.rpc import RpcMeasurer
+
+            measurer = RpcMeasurer(*rpc_tracker, rpc_key or device_key, worker_id=cfg.worker_id,
+                                   build_workers=max(1, concurrency))
         else:
             from workers.local import LocalMeasurer
 

@@ -21,8 +21,11 @@ from tuner.measure import Invalidity, MeasureInput
 _WORKLOADS: dict[str, Any] = {}
 
 
-def build_kernel(inp_json: str, out_dir: str) -> tuple[str, float]:
-    """(In a build process.) Replay, strip weight packing, compile, export; returns (path, secs)."""
+def build_kernel(inp_json: str, out_dir: str, whole: bool = False
+                 ) -> tuple[str, float, list[tuple[tuple[int, ...], str]]]:
+    """(In a build process.) Replay, strip weight packing (unless `whole`), compile, export;
+    returns (path, secs, the built function's parameter specs). The library is a `.so` for this
+    machine's architecture and a `.tar` for another one (no cross linker needed)."""
     import schedules.families  # noqa: F401 - tensor intrinsics the trace may use
     from tuner import tvm_api as tv
     from tuner.workloads import parse_spec
@@ -33,10 +36,12 @@ def build_kernel(inp_json: str, out_dir: str) -> tuple[str, float]:
     if wl is None:
         wl = _WORKLOADS[inp.workload_key] = parse_spec(inp.workload_spec)
     sch = tv.apply_trace(wl.mod(), inp.trace_json)
-    rt = tv.compile_module(tv.strip_layout_rewrite(sch.mod), tv.make_target(inp.target))
-    path = os.path.join(out_dir, f"{inp.trial_id}.so")
-    rt.export_library(path)
-    return path, time.perf_counter() - t0
+    mod = sch.mod if whole else tv.strip_layout_rewrite(sch.mod)
+    target = tv.make_target(inp.target)
+    rt = tv.compile_module(mod, target)
+    name = f"{inp.trial_id}-whole" if whole else inp.trial_id
+    path = tv.export_library(rt, os.path.join(out_dir, name + tv.library_suffix(target)))
+    return path, time.perf_counter() - t0, tv.param_specs(mod)
 
 
 @dataclass(frozen=True)
@@ -45,6 +50,7 @@ class Built:
     build_s: float | None = None
     invalidity: Invalidity | None = None
     error_msg: str | None = None
+    params: list[tuple[tuple[int, ...], str]] | None = None  # (shape, dtype) of each parameter
 
 
 class Prebuilder:
@@ -57,7 +63,9 @@ class Prebuilder:
         self._timeout: float | None = None
         self._dir = tempfile.mkdtemp(prefix="tunefarm-build-")
 
-    def build(self, inputs: list[MeasureInput]) -> dict[str, Built]:
+    def build(self, inputs: list[MeasureInput], *, whole: bool = False) -> dict[str, Built]:
+        """Build each input (the kernel, or with `whole` the program with its weight packing);
+        failures and timeouts are `Built`s without a path."""
         if not inputs:
             return {}
         timeout = max(inp.options.build_timeout_s for inp in inputs)
@@ -65,12 +73,13 @@ class Prebuilder:
             self.close_pool()
             self._pool = self._pool_cls(max_workers=self._workers, timeout=timeout)
             self._timeout = timeout
-        futures = [(inp, self._pool.submit(build_kernel, inp.to_json(), self._dir)) for inp in inputs]
+        futures = [(inp, self._pool.submit(build_kernel, inp.to_json(), self._dir, whole))
+                   for inp in inputs]
         out: dict[str, Built] = {}
         for inp, fut in futures:
             try:
-                path, secs = fut.result()
-                out[inp.trial_id] = Built(path, secs)
+                path, secs, params = fut.result()
+                out[inp.trial_id] = Built(path, secs, params=[(tuple(s), d) for s, d in params])
             except TimeoutError:
                 out[inp.trial_id] = Built(None, None, Invalidity.BUILD_TIMEOUT,
                                           f"build did not finish within {timeout:g} s; worker killed")

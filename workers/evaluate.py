@@ -1,0 +1,112 @@
+"""What a measurer does with a built kernel on a device, local (workers.sandbox) or remote
+(workers.rpc): the workload's inputs and reference outputs, allocating the arguments on the
+device, running and checking against the reference, and timing with the protocol's options.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+
+class Prepared:
+    """A workload's inputs and reference outputs, computed once per process per workload."""
+
+    def __init__(self, spec: dict[str, Any], seed: int = 0) -> None:
+        from tuner.workloads import parse_spec
+
+        self.workload = parse_spec(spec)
+        self.mod = self.workload.mod()
+        self.inputs = self.workload.make_inputs(seed)
+        self.arg_specs = self.workload.arg_specs()
+        self.rtol, self.atol = self.workload.tolerance()
+        self.reference: list[np.ndarray] | None = None
+
+    def ensure_reference(self, send: Any, trial_id: str) -> list[np.ndarray]:
+        if self.reference is None:
+            send({"trial_id": trial_id, "phase": "preparing"})
+            self.reference = self.workload.reference(self.inputs)
+        return self.reference
+
+
+def first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    # TVM errors end with the meaningful line; keep the head and the tail
+    if len(lines) > 6:
+        lines = lines[:2] + ["..."] + lines[-3:]
+    return f"{type(exc).__name__}: " + " | ".join(lines)[:2000]
+
+
+def check(outputs: list[np.ndarray], reference: list[np.ndarray], rtol: float,
+          atol: float) -> tuple[bool, float, str | None]:
+    """Compare kernel outputs with the reference: |got - ref| <= atol + rtol * |ref| everywhere."""
+    worst = 0.0
+    for idx, (got, ref) in enumerate(zip(outputs, reference, strict=True)):
+        if got.shape != ref.shape:
+            return False, math.inf, f"output {idx}: shape {got.shape} != reference {ref.shape}"
+        fin_got, fin_ref = np.isfinite(got), np.isfinite(ref)
+        if not np.array_equal(fin_got, fin_ref) or not np.array_equal(
+                got[~fin_ref], ref[~fin_ref], equal_nan=True):
+            return False, math.inf, f"output {idx}: non-finite values where the reference has none"
+        got, ref = got[fin_ref], ref[fin_ref]
+        diff = np.abs(got.astype(np.float64) - ref.astype(np.float64))
+        err = float(diff.max()) if diff.size else 0.0
+        worst = max(worst, err)
+        bound = atol + rtol * np.abs(ref.astype(np.float64))
+        if np.any(diff > bound):
+            bad = int(np.count_nonzero(diff > bound))
+            return False, worst, (f"output {idx}: {bad} of {diff.size} elements differ from the "
+                                  f"reference (max abs err {err:.3g}, rtol {rtol}, atol {atol})")
+    return True, worst, None
+
+
+def random_array(rng: np.random.Generator, shape: tuple[int, ...], dtype: str) -> np.ndarray:
+    if dtype.startswith(("int", "uint")):
+        info = np.iinfo(dtype)
+        return rng.integers(max(info.min, -128), min(info.max, 127), size=shape).astype(dtype)
+    return rng.uniform(-1, 1, size=shape).astype(dtype)
+
+
+def time_kernel(rt: Any, args: list[Any], opts: Any, dev: Any) -> tuple[float, ...]:
+    if opts.cache_flush:
+        # number=1 so every timed run starts with cold caches (TVM flushes all args but the first)
+        ev = rt.time_evaluator("main", dev, number=1, repeat=max(opts.repeats, 1),
+                               f_preproc="cache_flush_cpu_non_first_arg")
+    else:
+        ev = rt.time_evaluator("main", dev, number=1, repeat=max(opts.repeats, 1),
+                               min_repeat_ms=int(math.ceil(opts.min_repeat_ms)))
+    return tuple(float(x) for x in ev(*args).results)
+
+
+def run_and_check(rt: Any, prep: Prepared, send: Any, trial_id: str, dev: Any
+                  ) -> tuple[list[Any], bool, float | None, str | None]:
+    """Run the program on the workload's inputs (outputs zeroed) and compare with the reference."""
+    n_in = len(prep.inputs)
+    args = allocate(prep, dev)
+    rt["main"](*args)
+    outputs = [a.numpy() for a in args[n_in:]]
+    reference = prep.ensure_reference(send, trial_id)
+    send({"trial_id": trial_id, "phase": "running"})
+    ok, max_err, why = check(outputs, reference, prep.rtol, prep.atol)
+    return args, ok, max_err, why
+
+
+def allocate(prep: Prepared, dev: Any) -> list[Any]:
+    """The workload's inputs and zeroed outputs (as the references assume) on `dev`."""
+    from tuner import tvm_api as tv
+
+    args = [tv.tvm.runtime.tensor(a, dev) for a in prep.inputs]
+    for _, shape, dtype in prep.arg_specs[len(prep.inputs):]:
+        args.append(tv.tvm.runtime.tensor(np.zeros(shape, dtype), dev))
+    return args
+
+
+def random_args(specs: list[tuple[tuple[int, ...], str]], dev: Any, seed: int = 0) -> list[Any]:
+    """Arguments of a kernel that takes pre-packed weights (timed, not verified)."""
+    from tuner import tvm_api as tv
+
+    rng = np.random.default_rng(seed)
+    return [tv.tvm.runtime.tensor(random_array(rng, shape, dtype), dev) for shape, dtype in specs]
