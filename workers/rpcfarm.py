@@ -158,6 +158,7 @@ class LocalRpcFarm:
         self.key = key
         self._own_log_dir = log_dir is None
         self.log_dir = Path(log_dir or tempfile.mkdtemp(prefix="tunefarm-rpcfarm-"))
+        self.log_dir.mkdir(parents=True, exist_ok=True)
         self.tracker: FarmProcess | None = None
         self.servers: list[FarmProcess] = []
         try:
