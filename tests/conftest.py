@@ -190,3 +190,21 @@ def private_redis_url(tmp_path: Any) -> Iterator[str]:
         yield url
     finally:
         kill_group(proc)
+
+
+@pytest.fixture
+def r(redis_url: str) -> Iterator[Any]:
+    """A decoding client of the shared Redis (use `keys` for the names)."""
+    from tuner.queue import streams
+
+    client = streams.connect(redis_url)
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def keys(redis_prefix: str) -> Any:
+    """Key names under this test's random prefix."""
+    from tuner.queue import Keys
+
+    return Keys(redis_prefix)

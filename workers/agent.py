@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import logging
 import os
-import signal
 import socket
 import threading
 import time
@@ -36,6 +35,7 @@ from api.client import ApiError, Client
 from tuner.errors import TunefarmError
 from tuner.measure import Invalidity, MeasureInput, MeasureResult
 from tuner.queue import Keys, streams
+from tuner.service import signals
 
 log = logging.getLogger(__name__)
 
@@ -328,16 +328,6 @@ def _heartbeats(client: Client, cfg: WorkerConfig, stats: Stats, done: threading
             log.warning("heartbeat failed: %s", err)
 
 
-def _install_signal_handlers(stop: threading.Event) -> dict[int, Any]:
-    """SIGTERM/SIGINT drain the worker (main thread only); returns the handlers to restore."""
-    if threading.current_thread() is not threading.main_thread():
-        return {}
-    old: dict[int, Any] = {}
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        old[sig] = signal.signal(sig, lambda signum, frame: stop.set())
-    return old
-
-
 def run_worker(*, api_url: str, token: str | None, redis_url: str, device_key: str,
                target: dict[str, Any], name: str | None = None,
                stop_event: threading.Event | None = None, concurrency: int = 1,
@@ -350,7 +340,7 @@ def run_worker(*, api_url: str, token: str | None, redis_url: str, device_key: s
     tracker under `rpc_key` (default: the device key); else this machine is the board.
     `measurer_factory(worker_id)` (tests) replaces the measurer."""
     stop = stop_event or threading.Event()
-    restore = _install_signal_handlers(stop)
+    restore = signals.stop_on_signals(stop)
     client = Client(api_url, token)
     beat_client = Client(api_url, token, retries=0)
     r = streams.connect(redis_url)
@@ -391,8 +381,7 @@ def run_worker(*, api_url: str, token: str | None, redis_url: str, device_key: s
         return 0
     finally:
         done.set()
-        for sig, handler in restore.items():
-            signal.signal(sig, handler)
+        signals.restore(restore)
         if measurer is not None and hasattr(measurer, "close"):
             measurer.close()
         r.close()

@@ -5,7 +5,6 @@ duplicated trial, and the farm keeps working."""
 from __future__ import annotations
 
 import signal
-import textwrap
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,6 +15,7 @@ import redis
 
 from tests.conftest import _reset_pg
 from tests.e2e.farm import TARGET, Farm
+from tests.kernels import CRASH, HANG
 from tuner.db import Store
 from tuner.measure import Invalidity
 
@@ -113,27 +113,6 @@ def test_redis_flushed_mid_job(farm: Farm, pg_url: str) -> None:
     final = _finished(farm, job_id)
     assert final["state"] == "SUCCEEDED", final
     _no_lost_no_duplicate(_records(pg_url, job_id), 12)
-
-
-HEADER = "from tvm.script import tirx as T\n\n@T.prim_func(s_tir=True)\n"
-CRASH = HEADER + textwrap.dedent('''\
-    def main(A: T.Buffer((16,), "float32"), B: T.Buffer((16,), "float32")):
-        T.func_attr({"global_symbol": "main", "tirx.noalias": True})
-        for i in range(16):
-            with T.sblock("B"):
-                vi = T.axis.spatial(16, i)
-                B[vi] = A[T.Cast("int32", A[vi] * T.float32(1000000000.0))]
-    ''')
-HANG = HEADER + textwrap.dedent('''\
-    def main(A: T.Buffer((16,), "float32"), B: T.Buffer((16,), "float32")):
-        T.func_attr({"global_symbol": "main", "tirx.noalias": True})
-        for i, j, k in T.grid(16, 100000, 100000):
-            with T.sblock("B"):
-                vi, vj, vk = T.axis.remap("SRR", [i, j, k])
-                with T.init():
-                    B[vi] = T.float32(0)
-                B[vi] = B[vi] + A[vi] * T.float32(1.0000001)
-    ''')
 
 
 def test_crashing_and_hanging_kernels_are_recorded_and_the_farm_goes_on(farm: Farm,

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
 
 import pytest
 import redis
@@ -15,18 +14,6 @@ from tuner.queue import Keys, events, streams
 pytestmark = pytest.mark.timeout(60)
 
 GROUP = Keys.WORKERS_GROUP
-
-
-@pytest.fixture
-def r(redis_url: str) -> Iterator[redis.Redis]:
-    client = streams.connect(redis_url)
-    yield client
-    client.close()
-
-
-@pytest.fixture
-def keys(redis_prefix: str) -> Keys:
-    return Keys(redis_prefix)
 
 
 def _input(trial: str, job: str = "job1") -> dict[str, str]:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
 
 import pytest
 import redis
@@ -16,18 +15,6 @@ from tuner.queue import Keys, streams
 from tuner.service.measurer import Interrupted, RemoteMeasurer
 
 pytestmark = pytest.mark.timeout(60)
-
-
-@pytest.fixture
-def r(redis_url: str) -> Iterator[redis.Redis]:
-    client = streams.connect(redis_url)
-    yield client
-    client.close()
-
-
-@pytest.fixture
-def keys(redis_prefix: str) -> Keys:
-    return Keys(redis_prefix)
 
 
 def _measurer(r: redis.Redis, keys: Keys, store: Store, **kw: object) -> RemoteMeasurer:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -27,18 +26,6 @@ pytestmark = pytest.mark.timeout(180)
 
 SPEC = {"op": "matmul", "shape": [16, 16, 16]}
 TARGET = {"kind": "llvm", "num-cores": 1}
-
-
-@pytest.fixture
-def r(redis_url: str) -> Iterator[redis.Redis]:
-    client = streams.connect(redis_url)
-    yield client
-    client.close()
-
-
-@pytest.fixture
-def keys(redis_prefix: str) -> Keys:
-    return Keys(redis_prefix)
 
 
 def _settings(**kw: Any) -> Settings:

@@ -11,6 +11,7 @@ from dataclasses import replace
 
 import pytest
 
+from tests.kernels import HANG, HEADER
 from tuner import tvm_api as tv
 from tuner.measure import Invalidity, MeasureInput, MeasureOptions
 from tuner.workloads import parse_spec
@@ -22,19 +23,6 @@ pytestmark = pytest.mark.timeout(120)
 KEY = "loopback"
 TARGET = {"kind": "llvm", "mcpu": "znver4", "num-cores": 2}
 MATMUL = {"op": "matmul", "shape": [64, 64, 64]}
-HEADER = 'from tvm.script import tirx as T\n\n@T.prim_func(s_tir=True)\n'
-
-# effectively endless (1.6e11 iterations)
-HANG = HEADER + textwrap.dedent('''\
-    def main(A: T.Buffer((16,), "float32"), B: T.Buffer((16,), "float32")):
-        T.func_attr({"global_symbol": "main", "tirx.noalias": True})
-        for i, j, k in T.grid(16, 100000, 100000):
-            with T.sblock("B"):
-                vi, vj, vk = T.axis.remap("SRR", [i, j, k])
-                with T.init():
-                    B[vi] = T.float32(0)
-                B[vi] = B[vi] + A[vi] * T.float32(1.0000001)
-    ''')
 
 # the matmul's signature, but C starts at 1: wrong by one everywhere
 OFF_BY_ONE = HEADER + textwrap.dedent('''\

@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import signal
 import socket
 import threading
 import time
@@ -35,6 +34,7 @@ from tuner.errors import Conflict
 from tuner.measure import MeasureOptions
 from tuner.queue import Keys, events, streams
 from tuner.search.loop import Progress, Tuner, TuneRequest
+from tuner.service import signals
 from tuner.service.measurer import Interrupted, RemoteMeasurer
 from tuner.workloads import parse_spec
 
@@ -276,16 +276,6 @@ class TunerService:
         watch.abort.set()
 
 
-def _install_signal_handlers(stop: threading.Event) -> dict[int, Any]:
-    """SIGTERM/SIGINT set `stop` (main thread only); returns the handlers to restore."""
-    if threading.current_thread() is not threading.main_thread():
-        return {}
-    old: dict[int, Any] = {}
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        old[sig] = signal.signal(sig, lambda signum, frame: stop.set())
-    return old
-
-
 def run_tuner(*, store_url: str | None, redis_url: str, prefix: str,
               stop_event: threading.Event | None = None, poll_s: float = 2.0, once: bool = False,
               settings: Settings | None = None) -> int:
@@ -294,7 +284,7 @@ def run_tuner(*, store_url: str | None, redis_url: str, prefix: str,
     found nothing to do. Returns how many jobs reached a terminal state here."""
     settings = settings or get_settings()
     stop = stop_event or threading.Event()
-    restore = _install_signal_handlers(stop)
+    restore = signals.stop_on_signals(stop)
     store = Store(store_url)
     r = streams.connect(redis_url)
     svc = TunerService(store, r, Keys(prefix), settings=settings, stop_event=stop, poll_s=poll_s)
@@ -313,8 +303,7 @@ def run_tuner(*, store_url: str | None, redis_url: str, prefix: str,
             if once:
                 break
     finally:
-        for sig, handler in restore.items():
-            signal.signal(sig, handler)
+        signals.restore(restore)
         r.close()
         store.close()
         log.info("tuner %s stopped after %d jobs", svc.owner, svc.jobs_run)
