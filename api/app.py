@@ -85,11 +85,13 @@ def create_app(settings: Settings | None = None, *, freeze_gc: bool = False) -> 
 
 
 def serve(settings: Settings | None = None, *, host: str | None = None, port: int | None = None,
-          log_level: str = "info") -> None:
-    """Run the API under uvicorn (blocks until SIGINT/SIGTERM)."""
+          log_level: str = "warning") -> None:
+    """Run the API under uvicorn (blocks until SIGINT/SIGTERM). No access log: a line per
+    request costs the hot path (`/metrics` counts requests). An open event stream does not hold
+    up a shutdown: its client reconnects with Last-Event-ID."""
     import uvicorn
 
     settings = settings or get_settings()
     uvicorn.run(create_app(settings, freeze_gc=True), host=host or settings.api_host,
-                port=port or settings.api_port, log_level=log_level, proxy_headers=True,
-                timeout_graceful_shutdown=10)
+                port=port or settings.api_port, log_level=log_level, access_log=False,
+                proxy_headers=True, timeout_graceful_shutdown=5)

@@ -18,7 +18,8 @@ from .context import ApiContext
 _bearer = HTTPBearer(auto_error=False, description="A tunefarm token (`tf_...`).")
 
 
-def get_ctx(request: Request) -> ApiContext:
+# async: FastAPI runs a plain `def` dependency in the thread pool, a thread hop per request
+async def get_ctx(request: Request) -> ApiContext:
     ctx: ApiContext = request.app.state.ctx
     return ctx
 
@@ -26,7 +27,7 @@ def get_ctx(request: Request) -> ApiContext:
 CtxDep = Annotated[ApiContext, Depends(get_ctx)]
 
 
-def get_store(ctx: CtxDep) -> Store:
+async def get_store(ctx: CtxDep) -> Store:
     return ctx.store
 
 

@@ -100,20 +100,15 @@ def serve(
     db: DbOpt = None, redis: RedisOpt = None,
 ) -> None:
     """Run the REST API (FastAPI on uvicorn)."""
-    import uvicorn
-
-    from api.app import create_app
+    from api.app import serve as serve_api
 
     s = _settings(db, redis)
     try:
-        _store(s.database_url)  # migrates the schema once, before the server forks anything
-        application = create_app(s, freeze_gc=True)  # no GC pauses from startup objects
+        _store(s.database_url)  # migrates the schema once, before the server starts
     except TunefarmError as exc:
         _fail(exc)
         return
-    # an open event stream must not hold up a shutdown: its client reconnects (Last-Event-ID)
-    uvicorn.run(application, host=host or s.api_host, port=port or s.api_port,
-                log_level="warning", access_log=False, timeout_graceful_shutdown=5)
+    serve_api(s, host=host, port=port)
 
 
 @app.command("tuner")
