@@ -73,8 +73,12 @@ class Template(ABC):
     ops: tuple[str, ...] = ()
     description: str = ""
     tensorize: bool = False
-    # evolutionary-search population: replaying a long trace is the search's main cost
-    population_size: int = 256
+    # evolutionary search, run once per batch: each generation replays and scores (extracts the
+    # features of) the whole population, the search's main cost. A template space is small next
+    # to MetaSchedule's generated one (512 x 4): a smaller population evolved for two generations
+    # around the measured best is enough, and leaves time for more measured batches.
+    population_size: int = 128
+    genetic_iters: int = 2
 
     def applies(self, workload: Any, target: Any) -> bool:
         return workload.op in self.ops and is_x86(target)

@@ -69,8 +69,11 @@ def search_strategy(name: str) -> Any:
     """The evolutionary search for space `name` (already resolved), sized for that space."""
     from tuner.tvm_api import ms
 
-    pop = 512 if name == "auto" else TEMPLATES[name].population_size
-    return ms.search_strategy.EvolutionarySearch(population_size=pop,
+    if name == "auto":  # MetaSchedule's defaults for its generated space
+        pop, iters = 512, 4
+    else:
+        pop, iters = TEMPLATES[name].population_size, TEMPLATES[name].genetic_iters
+    return ms.search_strategy.EvolutionarySearch(population_size=pop, genetic_num_iters=iters,
                                                  init_min_unmeasured=min(50, pop // 2))
 
 

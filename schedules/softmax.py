@@ -85,7 +85,7 @@ class SoftmaxX86(Template):
                    "fast polynomial exp (tensorized), reciprocal-multiply or divide; knobs for "
                    "row blocking, parallel granularity, unroll. Needs cols % 4 == 0.")
     tensorize = False  # the trace tensorizes exp/norm itself
-    population_size = 96  # a small space with a long trace: replay dominates the search time
+    population_size = 64  # a small space (512 points) with a long trace: replay costs ~20 ms
 
     def applies(self, workload: Any, target: Any) -> bool:
         return (super().applies(workload, target) and workload.spec.get("dtype") == "float32"

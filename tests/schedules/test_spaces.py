@@ -114,3 +114,15 @@ def test_spaces_describe_themselves_as_json() -> None:
             assert knob["kind"] and knob["doc"]
     ops = {s["name"] for s in registry.describe_op("dense")}
     assert {"gemm-x86", "auto"} <= ops
+
+
+def test_the_search_is_sized_by_the_space() -> None:
+    """A template sets its evolutionary search's population and generations; the generated space
+    keeps MetaSchedule's defaults."""
+    registry.space_names()
+    for name, tmpl in registry.TEMPLATES.items():
+        s = registry.search_strategy(name)
+        assert (s.population_size, s.genetic_num_iters) == (tmpl.population_size,
+                                                            tmpl.genetic_iters)
+    auto = registry.search_strategy("auto")
+    assert (auto.population_size, auto.genetic_num_iters) == (512, 4)

@@ -137,3 +137,64 @@ def test_an_unknown_space_creates_no_job(store: Store) -> None:
     with LocalMeasurer() as m, pytest.raises(SpecError, match="unknown space"):
         Tuner(store, m).run(_req({"op": "matmul", "shape": [16, 16, 16]}, 2, space="nope"))
     assert store.count_records() == 0
+
+
+def test_the_first_batch_samples_the_space_while_the_model_knows_nothing(
+        store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An untrained model scores at random, so the first batch is drawn from the space directly
+    (no evolution); once measured records exist on the target (this workload's or another's),
+    every batch comes from the model-guided evolutionary search."""
+    from tuner.search import loop
+
+    sampled: list[int] = []
+    real = loop.sample_space
+    monkeypatch.setattr(loop, "sample_space",
+                        lambda s, a, n: sampled.append(n) or real(s, a, n))
+    events: list[Progress] = []
+    with LocalMeasurer() as m:
+        tuner = Tuner(store, m, on_progress=events.append)
+        first = tuner.run(_req({"op": "matmul", "shape": [32, 32, 32]}, 8))
+        assert first.trials_done == 8 and sampled == [4]
+        rows = store.records(job_id=first.job_id)
+        assert len({r.cand_hash for r in rows}) == 8  # sampled, then evolved: no repeats
+        second = tuner.run(_req({"op": "matmul", "shape": [48, 48, 48]}, 4))
+        assert second.trials_done == 4 and sampled == [4]  # warm model: no sampling
+
+
+def test_features_are_extracted_once_per_program() -> None:
+    """The search scores survivors again in every generation and the loop asks for the features
+    of the picks it measures: a program already seen (same structural hash) is not extracted
+    again, and the rows come back in the candidates' order."""
+    import numpy as np
+
+    from schedules.registry import search_strategy, space_generator
+    from tuner import tvm_api as tv
+    from tuner.search.costmodel import FEATURE_DIM, XGBCostModel
+    from tuner.search.loop import sample_space
+
+    wl = parse_spec({"op": "matmul", "shape": [32, 32, 32]})
+    target = tv.make_target(TARGET)
+    mod = wl.mod()
+    ctx = tv.tune_context(mod, target, space=space_generator("gemm-x86", wl, target),
+                          strategy=search_strategy("gemm-x86"), seed=0, num_threads=1)
+    model = XGBCostModel()
+    ctx.search_strategy.pre_tuning(max_trials=8, num_trials_per_iter=8,
+                                   design_spaces=ctx.generate_design_space(),
+                                   database=tv.ms.database.MemoryDatabase(), cost_model=model)
+    cands = sample_space(ctx.search_strategy, tv.ms.arg_info.ArgInfo.from_prim_func(mod["main"]),
+                         8)[:8]
+    unique = {tv.structural_hash(c.sch.mod) for c in cands}
+
+    inner = model._inst._extractor
+    extracted: list[int] = []
+
+    class Counting:
+        def extract_from(self, context: Any, cs: list[Any]) -> Any:
+            extracted.append(len(cs))
+            return inner.extract_from(context, cs)
+
+    model._inst._extractor = Counting()
+    first = model.features(ctx, cands)
+    again = model.features(ctx, cands[::-1])
+    assert first.shape == (8, FEATURE_DIM) and np.array_equal(again, first[::-1])
+    assert extracted == [len(unique)]

@@ -94,7 +94,7 @@ def sample_space(strategy: Any, args_info: Any, n: int) -> list[Any]:
     """About 1.5 `n` random points of the design space (each design space's trace replayed with
     fresh decisions, then postprocessed), without evolution. `strategy` is a pre-tuned
     EvolutionarySearch; it returns at least its `init_min_unmeasured` points."""
-    sample = tv.ms._ffi_api.SearchStrategyEvolutionarySearchSampleInitPopulation  # noqa: SLF001
+    sample = tv.ms._ffi_api.SearchStrategyEvolutionarySearchSampleInitPopulation
     return [tv.ms.MeasureCandidate(sch, args_info) for sch in sample(strategy, n + n // 2)]
 
 
