@@ -248,9 +248,6 @@ def up(
     except TunefarmError as exc:
         _fail(exc)
         return
-    token_file().parent.mkdir(parents=True, exist_ok=True)
-    token_file().write_text(user_tok + "\n")
-    token_file().chmod(0o600)
     api_url = f"http://{host}:{port}"
     env = {**os.environ, "TUNEFARM_DATABASE_URL": s.resolved_database_url(),
            "TUNEFARM_REDIS_URL": s.redis_url, "TUNEFARM_API_URL": api_url}
@@ -260,8 +257,14 @@ def up(
              ("worker", [*cli, "worker", "--device-key", device_key], {"TUNEFARM_TOKEN": worker_tok})]
     procs: dict[str, subprocess.Popen[bytes]] = {}
     try:
-        for name, cmd, extra in specs:
+        for name, cmd, extra in specs:  # the API first: the worker registers with it
             procs[name] = subprocess.Popen(cmd, env={**env, **extra}, start_new_session=True)
+            if name == "api" and not _ready(api_url, procs["api"]):
+                err.print(f"[bold red]the API did not become ready at {api_url}; stopping[/]")
+                raise typer.Exit(1)
+        token_file().parent.mkdir(parents=True, exist_ok=True)
+        token_file().write_text(user_tok + "\n")
+        token_file().chmod(0o600)
         console.print(f"tunefarm is up: API {api_url} (docs {api_url}/v1/docs), 1 tuner, 1 worker "
                       f"({device_key}); database {store.safe_url}")
         console.print(f"user token saved to {token_file()} (`tunefarm submit` uses it):")
@@ -272,32 +275,44 @@ def up(
         _stop(procs)
 
 
+def _ready(api_url: str, api: subprocess.Popen[bytes], timeout_s: float = 120.0) -> bool:
+    """Wait until the API answers /readyz (so the printed token works at once)."""
+    import httpx
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and api.poll() is None:
+        try:
+            if httpx.get(f"{api_url}/readyz", timeout=1).status_code == 200:
+                return True
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    return False
+
+
 def _wait(procs: dict[str, subprocess.Popen[bytes]]) -> None:
     stop = {"now": False}
 
     def on_signal(signum: int, _frame: Any) -> None:
         stop["now"] = True
 
-    signal.signal(signal.SIGTERM, on_signal)
-    try:
-        while not stop["now"]:
-            for name, p in procs.items():
-                if p.poll() is not None:
-                    err.print(f"[bold red]{name} exited with code {p.returncode}; stopping[/]")
-                    return
-            time.sleep(0.5)
-    except KeyboardInterrupt:
-        pass
+    for sig in (signal.SIGTERM, signal.SIGINT):  # SIGINT too: it may arrive ignored
+        signal.signal(sig, on_signal)
+    while not stop["now"]:
+        for name, p in procs.items():
+            if p.poll() is not None:
+                err.print(f"[bold red]{name} exited with code {p.returncode}; stopping[/]")
+                return
+        time.sleep(0.5)
 
 
 def _stop(procs: dict[str, subprocess.Popen[bytes]]) -> None:
-    """SIGTERM each process group (workers drain), then SIGKILL what is left after 20 s."""
-    for p in procs.values():
+    """SIGTERM each process group, the last started first (a worker drains and reports to the
+    API before the API goes), then SIGKILL what is left after 20 s."""
+    for p in reversed(procs.values()):
         _signal_group(p, signal.SIGTERM)
-    deadline = time.monotonic() + 20
-    for p in procs.values():
         try:
-            p.wait(timeout=max(0.1, deadline - time.monotonic()))
+            p.wait(timeout=20)
         except subprocess.TimeoutExpired:
             pass
         _signal_group(p, signal.SIGKILL)

@@ -347,7 +347,8 @@ def run_worker(*, api_url: str, token: str | None, redis_url: str, device_key: s
     measurer = None
     done = threading.Event()
     try:
-        cfg = register(client, name=name or f"{socket.gethostname()}:{os.getpid()}",
+        name = name or f"{socket.gethostname()}:{os.getpid()}"
+        cfg = register(client, name=name,
                        device_key=device_key, target=target, stop_event=stop,
                        mode="rpc" if rpc_tracker else "local")
         if cfg is None:

@@ -131,7 +131,8 @@ class RemoteMeasurer:
             if tid in self._lost:
                 return self._lost_result(pend, f"the farm gave up on it: {self._lost[tid]}")
             if self.shutdown is not None and self.shutdown.is_set():
-                raise Interrupted(f"tuner shutting down while trial {tid} was measured")
+                raise Interrupted(f"the job was cancelled or the tuner is stopping while trial {tid} "
+                                  "was measured")
             reason = self.interrupt()
             if reason:
                 return self._lost_result(pend, f"measurement abandoned: {reason}")
