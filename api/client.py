@@ -28,6 +28,20 @@ log = logging.getLogger(__name__)
 TERMINAL = frozenset({"SUCCEEDED", "FAILED", "CANCELLED"})
 
 
+def wait_ready(base_url: str, *, timeout_s: float = 60.0, alive: Any = None) -> bool:
+    """Poll `GET /readyz` until the API answers 200 (True), `timeout_s` passes or `alive()`
+    (e.g. the server process's `poll() is None`) turns false (False)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and (alive is None or alive()):
+        try:
+            if httpx.get(f"{base_url.rstrip('/')}/readyz", timeout=1).status_code == 200:
+                return True
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    return False
+
+
 class ApiError(Exception):
     def __init__(self, status: int, code: str, detail: str,
                  problem: dict[str, Any] | None = None) -> None:

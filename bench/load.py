@@ -105,15 +105,10 @@ def _serve(db: str, env: dict[str, str], port: int, log: Path) -> subprocess.Pop
     proc = subprocess.Popen([sys.executable, "-m", "tuner", "serve", "--port", str(port), "--db", db],
                             env=env, stdout=log.open("ab"), stderr=subprocess.STDOUT,
                             start_new_session=True, cwd=REPO)
-    import httpx
+    from api.client import wait_ready
 
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=1).status_code == 200:
-                return proc
-        except httpx.HTTPError:
-            time.sleep(0.2)
+    if wait_ready(f"http://127.0.0.1:{port}", alive=lambda: proc.poll() is None):
+        return proc
     os.killpg(proc.pid, signal.SIGKILL)
     raise SystemExit(f"the API did not become ready: {log.read_text()[-2000:]}")
 

@@ -237,6 +237,7 @@ def up(
     db: DbOpt = None, redis: RedisOpt = None,
 ) -> None:
     """Start the API, one tuner and one local worker on this host (Ctrl-C stops all three)."""
+    from api.client import wait_ready
     from tuner.db.tokens import create_token
 
     s = _settings(db, redis)
@@ -259,7 +260,8 @@ def up(
     try:
         for name, cmd, extra in specs:  # the API first: the worker registers with it
             procs[name] = subprocess.Popen(cmd, env={**env, **extra}, start_new_session=True)
-            if name == "api" and not _ready(api_url, procs["api"]):
+            if name == "api" and not wait_ready(api_url, timeout_s=120,
+                                                alive=lambda: procs["api"].poll() is None):
                 err.print(f"[bold red]the API did not become ready at {api_url}; stopping[/]")
                 raise typer.Exit(1)
         token_file().parent.mkdir(parents=True, exist_ok=True)
@@ -273,21 +275,6 @@ def up(
         _wait(procs)
     finally:
         _stop(procs)
-
-
-def _ready(api_url: str, api: subprocess.Popen[bytes], timeout_s: float = 120.0) -> bool:
-    """Wait until the API answers /readyz (so the printed token works at once)."""
-    import httpx
-
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline and api.poll() is None:
-        try:
-            if httpx.get(f"{api_url}/readyz", timeout=1).status_code == 200:
-                return True
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    return False
 
 
 def _wait(procs: dict[str, subprocess.Popen[bytes]]) -> None:

@@ -9,12 +9,11 @@ import os
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
-import httpx
 
+from api.client import wait_ready
 from tests.conftest import kill_group
 from tuner.db import Store
 from tuner.db.tokens import create_token
@@ -55,17 +54,9 @@ class Farm:
 
     def start_api(self) -> None:
         self.start("api", "serve", "--host", "127.0.0.1", "--port", str(self.port))
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            if self.procs["api"].poll() is not None:
-                raise RuntimeError(f"the API exited: {self.log('api')}")
-            try:
-                if httpx.get(f"{self.api_url}/readyz", timeout=1).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
-        raise RuntimeError(f"the API did not become ready in 60 s: {self.log('api')}")
+        api = self.procs["api"]
+        if not wait_ready(self.api_url, alive=lambda: api.poll() is None):
+            raise RuntimeError(f"the API did not become ready in 60 s: {self.log('api')}")
 
     def start_tuner(self, name: str = "tuner", **env: str) -> subprocess.Popen[bytes]:
         return self.start(name, "tuner", **env)

@@ -16,11 +16,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Self
 
-import httpx
 import pytest
 import redis
 
-from api.client import Client
+from api.client import Client, wait_ready
 
 from tuner.db import Store
 from tuner.db import workers as workerdb
@@ -60,16 +59,9 @@ class Api:
                 [sys.executable, "-m", "tuner", "serve", "--host", "127.0.0.1", "--port",
                  str(self.port)], env=self.env, stdout=log, stderr=subprocess.STDOUT,
                 start_new_session=True, cwd=str(ROOT))
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            assert self.proc.poll() is None, self.log.read_text()[-3000:]
-            try:
-                if httpx.get(f"{self.url}/readyz", timeout=1).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.1)
-        raise AssertionError(f"API not ready in 60 s: {self.log.read_text()[-3000:]}")
+        proc = self.proc
+        assert wait_ready(self.url, alive=lambda: proc.poll() is None), \
+            f"API not ready in 60 s: {self.log.read_text()[-3000:]}"
 
     def stop(self) -> None:
         if self.proc is not None:
