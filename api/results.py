@@ -56,6 +56,8 @@ def _record(ctx: ApiContext, inp: MeasureInput, res: MeasureResult) -> tuple[New
     if tref is None or wrow is None:
         what = "target" if tref is None else "workload"
         raise _invalid(f"the context names an unknown {what}", "input.context")
+    if rec.job_id is not None and ctx.store.get_job(rec.job_id) is None:
+        raise _invalid(f"the context names an unknown job {rec.job_id!r}", "input.context.job_id")
     if wrow.key != inp.workload_key:
         raise _invalid(f"workload_id {rec.workload_id} is {wrow.key}, not {inp.workload_key}",
                        "input.context.workload_id")

@@ -93,6 +93,7 @@ def _mutate(body: dict[str, Any], path: str, value: Any) -> dict[str, Any]:
     ("input.context", None),
     ("input.context.workload_id", 999999),
     ("input.context.target_id", 999999),
+    ("input.context.job_id", "0" * 32),
     ("input.context.cand_hash", ...),
     ("result.invalidity", "exploded"),
     ("result.latencies_s", ["fast"]),
