@@ -25,6 +25,8 @@ err = Console(stderr=True)
 
 DbOpt = Annotated[str | None, typer.Option("--db", help="Database URL (default: TUNEFARM_DATABASE_URL, "
                                                          "else SQLite in the user data directory).")]
+OpArg = Annotated[str, typer.Argument(help="matmul, dense, batch_matmul, conv2d, depthwise_conv2d, "
+                                           "softmax, dense_int8, or tir")]
 ShapeOpt = Annotated[str | None, typer.Option("--shape", help="Op shape, e.g. 512,512,512 (M,N,K).")]
 ParamOpt = Annotated[list[str] | None, typer.Option("--param", "-p", help="Op parameter key=value "
                                                     "(stride, padding, dilation, layout, dtype).")]
@@ -85,8 +87,7 @@ def _fmt_s(s: float | None) -> str:
 
 @app.command()
 def tune(
-    op: Annotated[str, typer.Argument(help="matmul, dense, batch_matmul, conv2d, depthwise_conv2d, "
-                                           "softmax, dense_int8, or tir")],
+    op: OpArg,
     shape: ShapeOpt = None, param: ParamOpt = None, tvmscript: ScriptOpt = None,
     target: TargetOpt = "host",
     trials: Annotated[int, typer.Option(min=1, help="Trial budget of the job.")] = 64,

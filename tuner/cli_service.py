@@ -17,8 +17,8 @@ from typing import Annotated, Any
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from tuner.cli import (DbOpt, ParamOpt, ScriptOpt, ShapeOpt, TargetOpt, _fail, _fmt_s, _store,
-                       _target, _workload, app, console, err)
+from tuner.cli import (DbOpt, OpArg, ParamOpt, ScriptOpt, ShapeOpt, TargetOpt, _fail, _fmt_s,
+                       _store, _target, _workload, app, console, err)
 from tuner.config import Settings, get_settings
 from tuner.errors import TunefarmError
 
@@ -173,8 +173,7 @@ def _job_body(op: str, shape: str | None, param: list[str] | None, tvmscript: Pa
 
 @app.command()
 def submit(
-    op: Annotated[str, typer.Argument(help="matmul, dense, batch_matmul, conv2d, depthwise_conv2d, "
-                                           "softmax, dense_int8, or tir")],
+    op: OpArg,
     shape: ShapeOpt = None, param: ParamOpt = None, tvmscript: ScriptOpt = None,
     target: TargetOpt = "host",
     trials: Annotated[int, typer.Option(min=1)] = 64,
