@@ -136,9 +136,9 @@ def prepare(sched_mod: Any, wl: Any, inputs: list[np.ndarray], target: Any) -> T
 
 
 def sched_mod_from_trace(wl: Any, trace_json: str) -> Any:
-    from tuner import tvm_api as tv
+    from schedules.registry import replay
 
-    return tv.apply_trace(wl.mod(), trace_json).mod
+    return replay(wl.mod(), trace_json).mod
 
 
 def cross_check_stripped(sched_mod: Any, kernel: TvmKernel) -> bool:

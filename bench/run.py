@@ -95,7 +95,6 @@ def _tune(entry: dict[str, Any], wl: Any, target: dict[str, Any], wdir: Path,
 def _kernel_variant(name: str, summ: dict[str, Any] | None, wl: Any, inputs: list[Any],
                     target: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
     """(Variant or None, status/extra fields) for a tuner's best schedule."""
-    import schedules.intrinsics  # noqa: F401 - tensor intrinsics the traces may name (as sandbox)
     from tuner import tvm_api as tv
 
     from .kernels import cross_check_stripped, prepare, sched_mod_from_trace

@@ -97,7 +97,7 @@ def tune_metaschedule(wl: Any, target: dict[str, Any], trials: int, work_dir: Pa
     ms_dir.mkdir(parents=True)
     tgt = tv.make_target(target)
     mod = wl.mod()
-    builder = ms.builder.LocalBuilder(f_build=fast_build, max_workers=1,
+    builder = ms.builder.LocalBuilder(f_build=fast_build, max_workers=threads,
                                       timeout_sec=s.build_timeout_s)
     runner = ms.runner.LocalRunner(
         timeout_sec=s.run_timeout_s,

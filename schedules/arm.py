@@ -20,7 +20,7 @@ micro-kernel. Which instruction is exact for uint8 × int8:
   ≥ 128, so TVM's registered `dot_4x4_i8i8s32_sdot` / `dot_4x4_u8u8u32_udot` do not fit (and
   tensorize refuses them: their description's dtypes differ from the workload's);
 - `usdot` (FEAT_I8MM, Armv8.6-A: unsigned × signed bytes, int32 accumulation, exact) is the one
-  instruction that computes exactly this op. TVM registers no usdot intrinsic, so this module
+  instruction that computes exactly this op. TVM registers no usdot intrinsic, so tunefarm
   registers `dot_4x4_u8i8s32_usdot` (C[4] int32 += A[4] uint8 · B[4, 4] int8 with
   `llvm.aarch64.neon.usdot.v4i32.v16i8(acc, u8x16, s8x16)`) and the template tensorizes with it;
 - so the template applies only to targets with `i8mm` (e.g. mcpu neoverse-n2 / neoverse-v1 or
@@ -36,8 +36,7 @@ intrinsic loads as one contiguous `int8x16` (tensorize does not check contiguity
 guarantees it). Knobs as for fp32: [parallel, middle, mr ≤ 8] rows, [parallel, middle, nv ≤ 4]
 4-column groups, K/4 into [outer, unrolled ≤ 8], unroll depth.
 
-The usdot intrinsics are registered when this module is imported (the registry imports it via
-schedules/families.py); a process that replays a `dense-int8-sdot-aarch64` trace must import it.
+The usdot intrinsics live in schedules/intrinsics.py, registered on first use like the others.
 
 No ARM machine here: tests/schedules/test_cross.py builds traces covering every knob value for
 AArch64 and looks for `fmla v*.4s` / `usdot` in the assembly; the fp32 schedules and the int8 loop
@@ -51,67 +50,11 @@ from __future__ import annotations
 from typing import Any
 
 from schedules.base import Template, finish_register_tile
+from schedules.intrinsics import USDOT_LOCAL_INTRIN, use
 from schedules.registry import register
-from tuner.tvm_api import tvm
 
 LANES = 4  # fp32 / int32 lanes of a 128-bit NEON register
 DOT_K = 4  # bytes per lane that one usdot reduces
-
-USDOT_INTRIN = "dot_4x4_u8i8s32_usdot"  # accumulator C in "global" scope
-USDOT_LOCAL_INTRIN = "dot_4x4_u8i8s32_usdot_local"  # accumulator C in "local" scope (registers)
-
-T = tvm.script.tirx
-
-
-def _usdot_intrin(acc_scope: str) -> tuple[Any, Any]:
-    """C[4] int32 += A[4] uint8 . B[4, 4] int8 (row i of B: output column i's 4 weights) as one
-    `usdot Vd.4s, Vn.16b, Vm.16b` (Vn unsigned, Vm signed; LLVM's operand order: acc, u8, s8)."""
-
-    @T.prim_func(s_tir=True)
-    def desc(a: T.handle, b: T.handle, c: T.handle) -> None:
-        A = T.match_buffer(a, (4,), "uint8", offset_factor=1)
-        B = T.match_buffer(b, (4, 4), "int8", offset_factor=1)
-        C = T.match_buffer(c, (4,), "int32", offset_factor=1, scope=acc_scope)
-        with T.sblock("root"):
-            T.reads(C[0:4], A[0:4], B[0:4, 0:4])
-            T.writes(C[0:4])
-            for i in T.serial(0, 4):
-                for k in T.serial(0, 4):
-                    with T.sblock("update"):
-                        vi, vk = T.axis.remap("SR", [i, k])
-                        C[vi] = C[vi] + T.Cast("int32", A[vk]) * T.Cast("int32", B[vi, vk])
-
-    @T.prim_func(s_tir=True)
-    def impl(a: T.handle, b: T.handle, c: T.handle) -> None:
-        A = T.match_buffer(a, (4,), "uint8", offset_factor=1)
-        B = T.match_buffer(b, (4, 4), "int8", offset_factor=1)
-        C = T.match_buffer(c, (4,), "int32", offset_factor=1, scope=acc_scope)
-        with T.sblock("root"):
-            T.reads(C[0:4], A[0:4], B[0:4, 0:4])
-            T.writes(C[0:4])
-            # one expression: named temporaries would become workspace allocations
-            C[T.ramp(T.int32(0), 1, 4)] = T.call_llvm_pure_intrin(
-                T.llvm_lookup_intrinsic_id("llvm.aarch64.neon.usdot.v4i32.v16i8"),
-                C.vload([0], dtype="int32x4"),
-                # the 4 bytes of A, broadcast to the 4 lanes (= the 4 output columns)
-                T.reinterpret(T.broadcast(T.reinterpret(A.vload([0], "uint8x4"), dtype="int32"), 4),
-                              dtype="uint8x16"),
-                B.vload([0, 0], dtype="int8x16"),  # 16 contiguous bytes: needs the packing
-                dtype="int32x4")
-
-    return desc, impl
-
-
-def register_intrinsics() -> None:
-    """Register the usdot intrinsics (idempotent). Done on import of this module; a process that
-    replays a trace of `dense-int8-sdot-aarch64` must have imported it."""
-    for name, scope in ((USDOT_INTRIN, "global"), (USDOT_LOCAL_INTRIN, "local")):
-        if tvm.s_tir.TensorIntrin.get(name, allow_missing=True) is None:
-            tvm.s_tir.TensorIntrin.register(name, *_usdot_intrin(scope))
-
-
-register_intrinsics()
-
 
 def is_aarch64(target: Any) -> bool:
     triple = str(target.attrs.get("mtriple", "") or "")
@@ -198,7 +141,7 @@ def schedule_dense_int8(sch: Any, tensorize: bool = True) -> None:
     finish_register_tile(sch, blk, parallel=[i0, j0], acc_at=j1, unrolled=[k1, i2, j2],
                          vector=None, k0=k0, lanes=LANES)
     if tensorize:
-        sch.tensorize(j4, USDOT_LOCAL_INTRIN)
+        sch.tensorize(j4, use(USDOT_LOCAL_INTRIN))
 
 
 @register

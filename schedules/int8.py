@@ -38,7 +38,7 @@ from __future__ import annotations
 from typing import Any
 
 from schedules.base import Template, cpu_postprocs
-from schedules.intrinsics import VNNI_16x4_LLVM22
+from schedules.intrinsics import VNNI_16x4_LLVM22, use
 from schedules.registry import register
 from tuner.tvm_api import derived_object, ms
 
@@ -164,7 +164,7 @@ class DenseInt8VNNI(Template):
         sch.unroll(j2)
         # the 16x4 (j16, k4) tile becomes one block that RewriteTensorize maps onto vpdpbusd
         inner = sch.blockize(j16)
-        sch.annotate(inner, "meta_schedule.auto_tensorize", VNNI_16x4_LLVM22)
+        sch.annotate(inner, "meta_schedule.auto_tensorize", use(VNNI_16x4_LLVM22))
         root = sch.get_sblock("root")
         sch.annotate(root, "meta_schedule.parallel",
                      sch.sample_categorical(PARALLEL, [1.0 / len(PARALLEL)] * len(PARALLEL)))

@@ -1,20 +1,52 @@
-"""Tensor intrinsics tunefarm's templates tensorize with, registered on import.
+"""Tensor intrinsics tunefarm's templates tensorize with, registered on first use.
 
-Workers import `schedules.families` (all templates, hence this module) before replaying traces,
-so a record that tensorizes with one of these intrinsics replays anywhere. (TVM's own registry
-is loaded lazily, see tuner.tvm_api.)
-
-TVMScript needs the source file, so the intrinsics live here. Importing parses 14 small TVMScript
-functions (~0.5 s on this machine, once per process) on top of `import tvm`; nothing else is
-loaded (TVM's own x86 intrinsics module is not needed).
+TVMScript needs the source file, so the intrinsics live here, as factories: parsing their
+TVMScript costs ~1.2 s, which a build or measuring process pays only for the intrinsics a trace
+names. A template tensorizes with `use(NAME)`, which registers NAME once and returns it;
+whoever replays a stored trace goes through `schedules.registry.replay`, which registers what
+the trace names (`register_for_trace`). TVM's own WMMA intrinsics (`tvm.s_tir.tensor_intrin.cuda`,
+~8 s) are loaded the same way, by name.
 """
 
 from __future__ import annotations
 
-from tuner.tvm_api import tvm
+import re
+from collections.abc import Callable
+from typing import Any
+
+from tuner.tvm_api import load_tensor_intrins, tvm
 
 T = tvm.script.tirx  # `from tvm.script import tirx as T`, without importing tvm here
 TensorIntrin = tvm.s_tir.TensorIntrin
+
+# name -> () -> (description, implementation) PrimFuncs
+_FACTORIES: dict[str, Callable[[], tuple[Any, Any]]] = {}
+# TVM's own intrinsics by name prefix -> the tvm.s_tir.tensor_intrin module that registers them
+_TVM_MODULES = {"wmma_": "cuda"}
+
+
+def use(name: str) -> str:
+    """Register `name` (once per process) and return it: `sch.tensorize(loop, use(NAME))`."""
+    if TensorIntrin.get(name, allow_missing=True) is None:
+        for prefix, module in _TVM_MODULES.items():
+            if name.startswith(prefix):
+                load_tensor_intrins(module)
+                return name
+        TensorIntrin.register(name, *_FACTORIES[name]())
+    return name
+
+
+def register_for_trace(trace_json: str) -> None:
+    """Register every intrinsic a trace (JSON) names, so that it replays in this process. A name
+    stands in the JSON as a Tensorize attribute or, JSON-quoted again, as the value of an
+    `auto_tensorize` annotation: look for it as a whole word."""
+    words = set(re.findall(r"\w+", trace_json))
+    for name in words.intersection(_FACTORIES):
+        use(name)
+    for prefix, module in _TVM_MODULES.items():
+        if any(w.startswith(prefix) for w in words):
+            load_tensor_intrins(module)
+
 
 # --- VNNI: C[16] int32 += A[4] uint8 . B[16, 4] int8 (one vpdpbusd on 512-bit registers) -------
 #
@@ -29,40 +61,41 @@ TensorIntrin = tvm.s_tir.TensorIntrin
 VNNI_16x4_LLVM22 = "dot_16x4_vnni_llvm22"
 
 
-@T.prim_func(s_tir=True)
-def dot_16x4_u8i8i32_desc(a_h: T.handle, b_h: T.handle, c_h: T.handle) -> None:
-    A = T.match_buffer(a_h, (4,), "uint8", offset_factor=1)
-    B = T.match_buffer(b_h, (16, 4), "int8", offset_factor=1)
-    C = T.match_buffer(c_h, (16,), "int32", offset_factor=1)
-    with T.sblock("root"):
-        T.reads(C[0:16], A[0:4], B[0:16, 0:4])
-        T.writes(C[0:16])
-        for i in T.serial(0, 16):
-            for k in T.serial(0, 4):
-                with T.sblock("update"):
-                    vi, vk = T.axis.remap("SR", [i, k])
-                    C[vi] = C[vi] + T.cast(A[vk], "int32") * T.cast(B[vi, vk], "int32")
+def _vnni_intrin() -> tuple[Any, Any]:
+    @T.prim_func(s_tir=True)
+    def desc(a_h: T.handle, b_h: T.handle, c_h: T.handle) -> None:
+        A = T.match_buffer(a_h, (4,), "uint8", offset_factor=1)
+        B = T.match_buffer(b_h, (16, 4), "int8", offset_factor=1)
+        C = T.match_buffer(c_h, (16,), "int32", offset_factor=1)
+        with T.sblock("root"):
+            T.reads(C[0:16], A[0:4], B[0:16, 0:4])
+            T.writes(C[0:16])
+            for i in T.serial(0, 16):
+                for k in T.serial(0, 4):
+                    with T.sblock("update"):
+                        vi, vk = T.axis.remap("SR", [i, k])
+                        C[vi] = C[vi] + T.cast(A[vk], "int32") * T.cast(B[vi, vk], "int32")
+
+    @T.prim_func(s_tir=True)
+    def impl(a_h: T.handle, b_h: T.handle, c_h: T.handle) -> None:
+        A = T.match_buffer(a_h, (4,), "uint8", offset_factor=1)
+        B = T.match_buffer(b_h, (16, 4), "int8", offset_factor=1)
+        C = T.match_buffer(c_h, (16,), "int32", offset_factor=1)
+        with T.sblock("root"):
+            T.reads(C[0:16], A[0:4], B[0:16, 0:4])
+            T.writes(C[0:16])
+            A_i32 = T.reinterpret(A.vload([0], "uint8x4"), dtype="int32")  # 4 x u8 -> one i32
+            A_u8x64 = T.reinterpret(T.broadcast(A_i32, 16), dtype="uint8x64")  # ... to 16 lanes
+            B_i8x64 = B.vload([0, 0], dtype="int8x64")
+            C_i32x16 = C.vload([0], dtype="int32x16")
+            C[T.ramp(T.int32(0), 1, 16)] = T.call_llvm_pure_intrin(
+                T.llvm_lookup_intrinsic_id("llvm.x86.avx512.vpdpbusd.512"),
+                C_i32x16, A_u8x64, B_i8x64, dtype="int32x16")
+
+    return desc, impl
 
 
-@T.prim_func(s_tir=True)
-def dot_16x4_u8i8i32_vnni_llvm22(a_h: T.handle, b_h: T.handle, c_h: T.handle) -> None:
-    A = T.match_buffer(a_h, (4,), "uint8", offset_factor=1)
-    B = T.match_buffer(b_h, (16, 4), "int8", offset_factor=1)
-    C = T.match_buffer(c_h, (16,), "int32", offset_factor=1)
-    with T.sblock("root"):
-        T.reads(C[0:16], A[0:4], B[0:16, 0:4])
-        T.writes(C[0:16])
-        A_i32 = T.reinterpret(A.vload([0], "uint8x4"), dtype="int32")  # 4 x u8 -> one i32
-        A_u8x64 = T.reinterpret(T.broadcast(A_i32, 16), dtype="uint8x64")  # ... to 16 lanes
-        B_i8x64 = B.vload([0, 0], dtype="int8x64")
-        C_i32x16 = C.vload([0], dtype="int32x16")
-        C[T.ramp(T.int32(0), 1, 16)] = T.call_llvm_pure_intrin(
-            T.llvm_lookup_intrinsic_id("llvm.x86.avx512.vpdpbusd.512"),
-            C_i32x16, A_u8x64, B_i8x64, dtype="int32x16")
-
-
-TensorIntrin.register(VNNI_16x4_LLVM22, dot_16x4_u8i8i32_desc, dot_16x4_u8i8i32_vnni_llvm22,
-                      override=True)
+_FACTORIES[VNNI_16x4_LLVM22] = _vnni_intrin
 
 
 # --- fast exp: Y[l] = exp(X[l] - M[0]) over `lanes` fp32 lanes --------------------------------
@@ -128,7 +161,7 @@ def _exp_sub_intrin(lanes: int) -> tuple[object, object]:
 
 
 for _lanes in (4, 8, 16):
-    TensorIntrin.register(EXP_SUB_F32.format(lanes=_lanes), *_exp_sub_intrin(_lanes), override=True)
+    _FACTORIES[EXP_SUB_F32.format(lanes=_lanes)] = lambda n=_lanes: _exp_sub_intrin(n)
 
 
 # --- normalize: Y[l] = E[l] / S[0] as E[l] * (1 / S[0]) ---------------------------------------
@@ -171,5 +204,53 @@ def _div_bcast_intrin(lanes: int) -> tuple[object, object]:
 
 
 for _lanes in (4, 8, 16):
-    TensorIntrin.register(DIV_BCAST_F32.format(lanes=_lanes), *_div_bcast_intrin(_lanes),
-                          override=True)
+    _FACTORIES[DIV_BCAST_F32.format(lanes=_lanes)] = lambda n=_lanes: _div_bcast_intrin(n)
+
+
+# --- usdot (AArch64 FEAT_I8MM): C[4] int32 += A[4] uint8 . B[4, 4] int8 (schedules/arm.py) ------
+
+USDOT_INTRIN = "dot_4x4_u8i8s32_usdot"  # accumulator C in "global" scope
+USDOT_LOCAL_INTRIN = "dot_4x4_u8i8s32_usdot_local"  # accumulator C in "local" scope (registers)
+
+
+def _usdot_intrin(acc_scope: str) -> tuple[Any, Any]:
+    """C[4] int32 += A[4] uint8 . B[4, 4] int8 (row i of B: output column i's 4 weights) as one
+    `usdot Vd.4s, Vn.16b, Vm.16b` (Vn unsigned, Vm signed; LLVM's operand order: acc, u8, s8)."""
+
+    @T.prim_func(s_tir=True)
+    def desc(a: T.handle, b: T.handle, c: T.handle) -> None:
+        A = T.match_buffer(a, (4,), "uint8", offset_factor=1)
+        B = T.match_buffer(b, (4, 4), "int8", offset_factor=1)
+        C = T.match_buffer(c, (4,), "int32", offset_factor=1, scope=acc_scope)
+        with T.sblock("root"):
+            T.reads(C[0:4], A[0:4], B[0:4, 0:4])
+            T.writes(C[0:4])
+            for i in T.serial(0, 4):
+                for k in T.serial(0, 4):
+                    with T.sblock("update"):
+                        vi, vk = T.axis.remap("SR", [i, k])
+                        C[vi] = C[vi] + T.Cast("int32", A[vk]) * T.Cast("int32", B[vi, vk])
+
+    @T.prim_func(s_tir=True)
+    def impl(a: T.handle, b: T.handle, c: T.handle) -> None:
+        A = T.match_buffer(a, (4,), "uint8", offset_factor=1)
+        B = T.match_buffer(b, (4, 4), "int8", offset_factor=1)
+        C = T.match_buffer(c, (4,), "int32", offset_factor=1, scope=acc_scope)
+        with T.sblock("root"):
+            T.reads(C[0:4], A[0:4], B[0:4, 0:4])
+            T.writes(C[0:4])
+            # one expression: named temporaries would become workspace allocations
+            C[T.ramp(T.int32(0), 1, 4)] = T.call_llvm_pure_intrin(
+                T.llvm_lookup_intrinsic_id("llvm.aarch64.neon.usdot.v4i32.v16i8"),
+                C.vload([0], dtype="int32x4"),
+                # the 4 bytes of A, broadcast to the 4 lanes (= the 4 output columns)
+                T.reinterpret(T.broadcast(T.reinterpret(A.vload([0], "uint8x4"), dtype="int32"), 4),
+                              dtype="uint8x16"),
+                B.vload([0, 0], dtype="int8x16"),  # 16 contiguous bytes: needs the packing
+                dtype="int32x4")
+
+    return desc, impl
+
+
+_FACTORIES[USDOT_INTRIN] = lambda: _usdot_intrin("global")
+_FACTORIES[USDOT_LOCAL_INTRIN] = lambda: _usdot_intrin("local")

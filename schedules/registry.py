@@ -28,6 +28,17 @@ def register(cls: type[Template]) -> type[Template]:
     return cls
 
 
+def replay(mod: Any, trace_json: str) -> Any:
+    """A stored trace (JSON) replayed onto a fresh schedule of `mod`, in any process: registers
+    the tensor intrinsics the trace names first (schedules/intrinsics.py). Every replay of a
+    record goes through here."""
+    from schedules.intrinsics import register_for_trace
+    from tuner.tvm_api import apply_trace
+
+    register_for_trace(trace_json)
+    return apply_trace(mod, trace_json)
+
+
 def _load() -> None:
     # importing the families registers them
     from schedules import families  # noqa: F401

@@ -27,7 +27,7 @@ from __future__ import annotations
 from typing import Any
 
 from schedules.base import Template, vector_lanes
-from schedules.intrinsics import DIV_BCAST_F32, EXP_SUB_F32
+from schedules.intrinsics import DIV_BCAST_F32, EXP_SUB_F32, use
 from schedules.registry import register
 from tuner.tvm_api import ms
 
@@ -128,12 +128,12 @@ class SoftmaxX86(Template):
 
         _, j1 = sch.split(j, [None, lanes])
         if norm == "reciprocal":
-            sch.tensorize(j1, DIV_BCAST_F32.format(lanes=lanes))
+            sch.tensorize(j1, use(DIV_BCAST_F32.format(lanes=lanes)))
         else:
             sch.vectorize(j1)
         exp_block = sch.get_sblock("T_softmax_exp")
         _, e1 = sch.split(sch.get_loops(exp_block)[-1], [None, lanes])
-        sch.tensorize(e1, EXP_SUB_F32.format(lanes=lanes))
+        sch.tensorize(e1, use(EXP_SUB_F32.format(lanes=lanes)))
         for stage, rf in enumerate([*max_rfs, *sum_rfs]):
             # loops under r1: row, reduced, one per lane bit (stage s of a chain has s + 1 bits)
             n_bits = stage % len(max_rfs) + 1

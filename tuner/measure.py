@@ -58,6 +58,8 @@ class MeasureInput:
     trace_json: str
     options: MeasureOptions = field(default_factory=MeasureOptions)
     artifact: str | None = None  # a kernel library already built for this trial, on this host
+    # with `artifact`: (shape, dtype) of each of the built kernel's parameters (workers.builder)
+    artifact_params: list[tuple[tuple[int, ...], str]] | None = None
     # what the record of this trial needs besides the result (job_id, workload_id, target_id,
     # space, cand_hash, decisions, features_b64, tvm_version): whoever commits the result (the
     # tuner, or the API for a farm worker) writes the full record from it (tuner.db.rows.NewRecord)
@@ -70,6 +72,8 @@ class MeasureInput:
     def from_json(cls, text: str | bytes) -> MeasureInput:
         d = json.loads(text)
         d["options"] = MeasureOptions(**d.get("options", {}))
+        if d.get("artifact_params") is not None:
+            d["artifact_params"] = [(tuple(shape), dtype) for shape, dtype in d["artifact_params"]]
         return cls(**d)
 
 

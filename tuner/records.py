@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from schedules.registry import replay
 from tuner import tvm_api as tv
 from tuner.config import get_settings
 from tuner.db import NewRecord, RecordRow, Store, target_key
@@ -43,7 +44,7 @@ def best_record(store: Store, workload: Any, target: dict[str, Any], device_key:
                        f"{tjson} / device {device_key!r}: tune it first")
     rec = record_dict(best[0], workload_key=workload.key, flops=workload.flops, target_json=tjson,
                       device_key=device_key)
-    sch = tv.apply_trace(workload.mod(), best[0].trace_json)
+    sch = replay(workload.mod(), best[0].trace_json)
     rec["workload"] = workload.spec
     rec["schedule_python"] = "\n".join(sch.trace.as_python(remove_postproc=True))
     return rec

@@ -44,7 +44,8 @@ class _Deadline(Exception):
 
 
 class _Child:
-    """One sandbox process and its response pipe."""
+    """One sandbox process and its response pipe. It starts (imports TVM, ~1 s) in the background;
+    `wait_ready` waits for it."""
 
     def __init__(self, num_threads: int, log_path: Path) -> None:
         env = dict(os.environ)
@@ -65,11 +66,12 @@ class _Child:
         self._buf = b""
         self._sel = selectors.DefaultSelector()
         self._sel.register(r_fd, selectors.EVENT_READ)
-        try:
+        self.ready = False
+
+    def wait_ready(self) -> None:
+        if not self.ready:
             self.read(START_TIMEOUT_S)  # {"phase": "ready"}
-        except BaseException:
-            self.kill()
-            raise
+            self.ready = True
 
     def send(self, inp: MeasureInput) -> None:
         assert self.proc.stdin is not None
@@ -150,8 +152,12 @@ class LocalMeasurer:
         from tuner.config import physical_cores
 
         self.worker_id = worker_id or f"{socket.gethostname()}:{os.getpid()}:local"
+        from tuner.config import get_settings
+
         n = physical_cores() if build_workers is None else build_workers
         self._prebuilder = Prebuilder(n) if n > 0 else None
+        if self._prebuilder is not None:
+            self._prebuilder.warm(get_settings().build_timeout_s)
         self._built: dict[str, Built] = {}
         self._own_log_dir = log_dir is None
         self._log_dir = Path(log_dir or tempfile.mkdtemp(prefix="tunefarm-sandbox-"))
@@ -159,13 +165,24 @@ class LocalMeasurer:
         self._child: _Child | None = None
         self.restarts = 0
 
-    def _ensure_child(self, num_threads: int) -> _Child:
+    def _start_child(self, num_threads: int) -> _Child:
+        """The sandbox process for `num_threads`, started if needed (not waited for)."""
         if self._child is not None and (not self._child.alive() or self._child.num_threads != num_threads):
             self._child.kill()
             self._child = None
         if self._child is None:
             self._child = _Child(num_threads, self._log_dir / "sandbox.log")
         return self._child
+
+    def _ensure_child(self, num_threads: int) -> _Child:
+        child = self._start_child(num_threads)
+        try:
+            child.wait_ready()
+        except BaseException:
+            child.kill()
+            self._child = None
+            raise
+        return child
 
     def _drop_child(self) -> None:
         if self._child is not None:
@@ -194,7 +211,13 @@ class LocalMeasurer:
         return results
 
     def prepare(self, inputs: list[MeasureInput]) -> None:
-        """Build a batch in parallel now; `measure_one` then only loads, verifies and times."""
+        """Build a batch in parallel now; `measure_one` then only loads, verifies and times. The
+        sandbox process starts meanwhile."""
+        if inputs and (self._child is None or not self._child.alive()):
+            try:
+                self._start_child(inputs[0].options.num_threads)
+            except OSError:
+                pass  # measure_one reports it
         if self._prebuilder is not None:
             self._built.update(self._prebuilder.build(list(inputs)))
 
@@ -206,7 +229,8 @@ class LocalMeasurer:
             return self._tag(MeasureResult.failure(inp.trial_id, built.invalidity or Invalidity.BUILD_ERROR,
                                                    built.error_msg or "build failed"))
         try:
-            res = self._measure_in_sandbox(replace(inp, artifact=built.path))
+            res = self._measure_in_sandbox(replace(inp, artifact=built.path,
+                                                    artifact_params=built.params))
         finally:
             assert self._prebuilder is not None
             self._prebuilder.discard(built.path)

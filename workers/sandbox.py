@@ -49,15 +49,19 @@ def measure_one(inp: MeasureInput, prep: _Prepared, send: Any) -> MeasureResult:
     tid = inp.trial_id
     send({"trial_id": tid, "phase": "building"})
     t0 = time.perf_counter()
+    sch = None  # the replayed program, when this process needed it
     try:
         target = tv.make_target(inp.target)
-        sch = tv.apply_trace(prep.mod, inp.trace_json)
-        kernel_mod = tv.strip_layout_rewrite(sch.mod)
-        if inp.artifact:  # built ahead by workers.builder
+        if inp.artifact and inp.artifact_params is not None:  # built ahead by workers.builder
             rt = tv.tvm.runtime.load_module(inp.artifact)
+            params = list(inp.artifact_params)
         else:
-            rt = tv.compile_module(kernel_mod, target)
-        packed = tv.param_specs(kernel_mod) != [(s, d) for _, s, d in prep.arg_specs]
+            sch = _replay(prep, inp.trace_json)
+            kernel_mod = tv.strip_layout_rewrite(sch.mod)
+            rt = (tv.tvm.runtime.load_module(inp.artifact) if inp.artifact
+                  else tv.compile_module(kernel_mod, target))
+            params = tv.param_specs(kernel_mod)
+        packed = params != [(s, d) for _, s, d in prep.arg_specs]
     except Exception as exc:  # noqa: BLE001 - a failed build is data
         return MeasureResult.failure(tid, Invalidity.BUILD_ERROR, _first_line(exc))
     build_s = time.perf_counter() - t0
@@ -73,7 +77,7 @@ def measure_one(inp: MeasureInput, prep: _Prepared, send: Any) -> MeasureResult:
             if not opts.verify:
                 max_err = None
         else:
-            args = _random_args(tv.param_specs(kernel_mod), dev)
+            args = _random_args(params, dev)
             rt["main"](*args)  # warm-up of the timed kernel
         latencies = _time(rt, args, opts, dev)
     except Exception as exc:  # noqa: BLE001
@@ -82,6 +86,8 @@ def measure_one(inp: MeasureInput, prep: _Prepared, send: Any) -> MeasureResult:
     if packed and opts.verify and (opts.verify_below_s is None or median < opts.verify_below_s):
         send({"trial_id": tid, "phase": "building"})
         try:
+            if sch is None:
+                sch = _replay(prep, inp.trace_json)
             rt_whole = tv.compile_module(sch.mod, target)
         except Exception as exc:  # noqa: BLE001
             return MeasureResult.failure(tid, Invalidity.BUILD_ERROR, _first_line(exc), build_s=build_s)
@@ -97,6 +103,14 @@ def measure_one(inp: MeasureInput, prep: _Prepared, send: Any) -> MeasureResult:
                          build_s=build_s, max_abs_err=max_err)
 
 
+def _replay(prep: _Prepared, trace_json: str) -> Any:
+    """The candidate's program: its trace replayed onto the workload. Only a candidate that was
+    not built ahead, or a packed one to verify whole, needs it."""
+    from schedules.registry import replay
+
+    return replay(prep.mod, trace_json)
+
+
 def _die_with_parent() -> None:
     """Linux: get SIGKILL when the parent dies, so a SIGKILLed tuner leaves no hanging kernel."""
     try:
@@ -110,8 +124,6 @@ def _die_with_parent() -> None:
 
 
 def main(argv: list[str]) -> int:
-    import schedules.families  # noqa: F401 - every template's tensor intrinsics, for replay
-
     parent = os.getppid()
     _die_with_parent()
     if os.getppid() != parent:  # the parent died before prctl took effect

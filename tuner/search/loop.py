@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from schedules.registry import resolve, search_strategy, space_generator
+from schedules.registry import replay, resolve, search_strategy, space_generator
 from tuner import tvm_api as tv
 from tuner.db.models import JobState
 from tuner.db.jobs import LOCAL_OWNER
@@ -150,7 +150,7 @@ class Tuner:
         args_info = tv.ms.arg_info.ArgInfo.from_prim_func(mod["main"])
         for row in self.store.best(wid, tref.id, k=self.seed_top_k):
             try:
-                sch = tv.apply_trace(mod, row.trace_json)
+                sch = replay(mod, row.trace_json)
             except Exception:  # noqa: BLE001 - a trace from another TVM version; just skip it
                 continue
             db.commit_tuning_record(tv.ms.database.TuningRecord(

@@ -1,0 +1,76 @@
+"""How `workers.evaluate.time_kernel` drives TVM's time_evaluator (pure logic, with a fake module
+whose kernel takes a known time; the real evaluator is exercised by test_local and test_rpc)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from tuner.measure import MeasureOptions
+from workers.evaluate import CALIBRATION_HEADROOM, calls_per_repeat, time_kernel
+
+
+@dataclass
+class FakeModule:
+    """A kernel of `per_call_s` seconds: calling it sleeps that long (the first call `first_s`);
+    `time_evaluator` reports that time and records how it was asked."""
+
+    per_call_s: float
+    first_s: float | None = None
+    calls: int = 0
+    evaluators: list[dict[str, Any]] = field(default_factory=list)
+
+    def __getitem__(self, name: str) -> Any:
+        assert name == "main"
+
+        def call(*_args: Any) -> None:
+            self.calls += 1
+            time.sleep(self.first_s if self.calls == 1 and self.first_s is not None
+                       else self.per_call_s)
+        return call
+
+    def time_evaluator(self, name: str, dev: Any, **kw: Any) -> Any:
+        assert name == "main"
+        self.evaluators.append(kw)
+        repeat = kw.get("repeat", 1)
+        return lambda *_a: SimpleNamespace(mean=self.per_call_s,
+                                           results=[self.per_call_s] * repeat)
+
+
+DEV = SimpleNamespace(sync=lambda: None)
+
+
+def test_a_fast_kernel_gets_a_calibrated_count_with_headroom() -> None:
+    rt = FakeModule(per_call_s=50e-6)
+    n = calls_per_repeat(rt, [], 40.0, DEV)
+    assert n == pytest.approx(CALIBRATION_HEADROOM * 40.0 / 0.05, abs=1)
+    probe = rt.evaluators[0]
+    assert probe["number"] == 1 and probe["repeat"] == 1 and probe["min_repeat_ms"] == 5
+
+
+def test_a_kernel_that_fills_a_repeat_alone_is_not_probed() -> None:
+    rt = FakeModule(per_call_s=0.03, first_s=0.03)
+    assert calls_per_repeat(rt, [], 20.0, DEV) == 1
+    assert rt.evaluators == [] and rt.calls == 1
+
+
+def test_time_kernel_keeps_the_protocol() -> None:
+    rt = FakeModule(per_call_s=100e-6)
+    lat = time_kernel(rt, [], MeasureOptions(min_repeat_ms=10, repeats=4), DEV)
+    assert lat == (100e-6,) * 4
+    timed = rt.evaluators[-1]
+    # every repeat still has to last min_repeat_ms (TVM grows `number` if one falls short)
+    assert timed["repeat"] == 4 and timed["min_repeat_ms"] == 10
+    assert timed["number"] * 100e-6 * 1e3 >= 10
+
+
+def test_cache_flush_times_single_calls_without_calibration() -> None:
+    rt = FakeModule(per_call_s=100e-6)
+    time_kernel(rt, [], MeasureOptions(cache_flush=True, repeats=3), DEV)
+    (only,) = rt.evaluators
+    assert only["number"] == 1 and only["repeat"] == 3 and "f_preproc" in only
+    assert rt.calls == 0
