@@ -1,7 +1,9 @@
 """Tuning one workload twice at the same trial budget: with tunefarm (`Tuner` + `LocalMeasurer`,
 a fresh SQLite database per workload) and with plain `ms.tune_tir` (a JSON database per
-workload). Both measure candidates with the same protocol (TVM `time_evaluator`, number=1,
-`repeats` runs of at least `min_repeat_ms`, the same threads), so wall times are comparable.
+workload). Both measure candidates with the same protocol (TVM `time_evaluator`: `repeats` runs
+of about `min_repeat_ms` each, the same threads), so wall times are comparable: MetaSchedule's
+runner lets the evaluator size every repeat (number=1, growing), tunefarm's sandbox sizes the
+calls per repeat once from a probe (workers.evaluate.calls_per_repeat).
 
 Each returns a JSON-able summary whose `best_trace` (trace JSON, postprocessing included) is what
 the timing step replays; the summary is also written to the workload's directory so that

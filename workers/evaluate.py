@@ -71,13 +71,16 @@ def random_array(rng: np.random.Generator, shape: tuple[int, ...], dtype: str) -
     return rng.uniform(-1, 1, size=shape).astype(dtype)
 
 
-# Calls per repeat get this much headroom over min_repeat_ms, so that a repeat rarely falls short.
+# Calls per repeat are sized for this multiple of min_repeat_ms ...
 CALIBRATION_HEADROOM = 1.1
+# ... and TVM re-runs a repeat only when it lasted less than this fraction of min_repeat_ms.
+REPEAT_FLOOR = 0.5
 
 
 def time_kernel(rt: Any, args: list[Any], opts: Any, dev: Any) -> tuple[float, ...]:
     """`opts.repeats` samples (seconds per call) with TVM's `time_evaluator`: each repeat runs the
-    kernel for at least `min_repeat_ms`, or once after a CPU cache flush with `cache_flush`."""
+    kernel for about `min_repeat_ms` (see `calls_per_repeat`), or once after a CPU cache flush with
+    `cache_flush`."""
     if opts.cache_flush:
         # number=1 so every timed run starts with cold caches (TVM flushes all args but the first)
         ev = rt.time_evaluator("main", dev, number=1, repeat=max(opts.repeats, 1),
@@ -85,19 +88,21 @@ def time_kernel(rt: Any, args: list[Any], opts: Any, dev: Any) -> tuple[float, .
     else:
         number = calls_per_repeat(rt, args, opts.min_repeat_ms, dev)
         ev = rt.time_evaluator("main", dev, number=number, repeat=max(opts.repeats, 1),
-                               min_repeat_ms=int(math.ceil(opts.min_repeat_ms)))
+                               min_repeat_ms=math.ceil(REPEAT_FLOOR * opts.min_repeat_ms))
     return tuple(float(x) for x in ev(*args).results)
 
 
 def calls_per_repeat(rt: Any, args: list[Any], min_repeat_ms: float, dev: Any) -> int:
-    """How many calls make a repeat last `min_repeat_ms`, from a probe of ~1/8 of a repeat.
+    """How many calls make a repeat last `min_repeat_ms` (plus 10%), from a probe of ~1/8 of a
+    repeat.
 
-    Left to itself (number=1), `time_evaluator` finds that count inside every repeat: it grows
-    `number` by 1.618x steps and runs a repeat again whenever it falls just short of
-    `min_repeat_ms`, which it does about half the time when the count was sized exactly. Measured
-    on a 35 µs kernel, 5 repeats of 40 ms took 291 ms instead of 200. A count sized once, with
-    10% headroom, keeps the same protocol (every repeat still lasts at least `min_repeat_ms`,
-    TVM still enforces it) for ~225 ms.
+    Left to itself (number=1, min_repeat_ms), `time_evaluator` finds that count inside every
+    repeat: it grows `number` by 1.618x steps and runs a whole repeat again whenever one falls
+    short of `min_repeat_ms`, keeping the grown count for the later repeats. Kernels here vary
+    5-60% from one repeat to the next, so that happens to about half the repeats: measured on a
+    35 µs kernel, 5 repeats of 40 ms took 291 ms instead of 200. With the count sized once and
+    re-runs only below REPEAT_FLOOR of `min_repeat_ms` (a kernel twice as fast as probed), each
+    repeat lasts about `min_repeat_ms` and 5 of them take ~230 ms.
     """
     if min_repeat_ms <= 0:
         return 1

@@ -149,11 +149,9 @@ class LocalMeasurer:
                  build_workers: int | None = None) -> None:
         """`build_workers`: processes that build a prepared batch in parallel (default: one per
         core; 0 builds each candidate in the sandbox, serially)."""
-        from tuner.config import physical_cores
+        from tuner.config import get_settings, physical_cores
 
         self.worker_id = worker_id or f"{socket.gethostname()}:{os.getpid()}:local"
-        from tuner.config import get_settings
-
         n = physical_cores() if build_workers is None else build_workers
         self._prebuilder = Prebuilder(n) if n > 0 else None
         if self._prebuilder is not None:
@@ -213,7 +211,7 @@ class LocalMeasurer:
     def prepare(self, inputs: list[MeasureInput]) -> None:
         """Build a batch in parallel now; `measure_one` then only loads, verifies and times. The
         sandbox process starts meanwhile."""
-        if inputs and (self._child is None or not self._child.alive()):
+        if inputs:
             try:
                 self._start_child(inputs[0].options.num_threads)
             except OSError:
