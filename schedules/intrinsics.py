@@ -26,12 +26,9 @@ _TVM_MODULES = {"wmma_": "cuda"}
 
 
 def use(name: str) -> str:
-    """Register `name` (once per process) and return it: `sch.tensorize(loop, use(NAME))`."""
+    """Register tunefarm's intrinsic `name` (once per process) and return it:
+    `sch.tensorize(loop, use(NAME))`."""
     if TensorIntrin.get(name, allow_missing=True) is None:
-        for prefix, module in _TVM_MODULES.items():
-            if name.startswith(prefix):
-                load_tensor_intrins(module)
-                return name
         TensorIntrin.register(name, *_FACTORIES[name]())
     return name
 
