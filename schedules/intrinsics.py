@@ -10,6 +10,7 @@ the trace names (`register_for_trace`). TVM's own WMMA intrinsics (`tvm.s_tir.te
 
 from __future__ import annotations
 
+import linecache
 import re
 from collections.abc import Callable
 from typing import Any
@@ -18,6 +19,19 @@ from tuner.tvm_api import load_tensor_intrins, tvm
 
 T = tvm.script.tirx  # `from tvm.script import tirx as T`, without importing tvm here
 TensorIntrin = tvm.s_tir.TensorIntrin
+
+
+def _pin_source() -> None:
+    """TVMScript parses a function from its source file (through `linecache`) when the factory
+    runs, which in a long-running worker may be days after this import. Keep the source as it was
+    imported (an entry without mtime is never invalidated): an upgrade of this file on disk must
+    not shift the lines a later parse reads ("Function must be decorated")."""
+    lines = linecache.getlines(__file__)
+    if lines:
+        linecache.cache[__file__] = (sum(map(len, lines)), None, lines, __file__)
+
+
+_pin_source()
 
 # name -> () -> (description, implementation) PrimFuncs
 _FACTORIES: dict[str, Callable[[], tuple[Any, Any]]] = {}

@@ -62,6 +62,42 @@ def test_tensorized_traces_replay_in_a_fresh_process(tmp_path: Path) -> None:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         [str(Path(__file__).resolve().parents[2]), os.environ.get("PYTHONPATH", "")]))
     proc = subprocess.run([sys.executable, "-c", CHILD, str(path)], capture_output=True,
-                          text=True, timeout=240, env=env)
+                          text=True, timeout=240, env=env, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert json.loads(proc.stdout.strip().splitlines()[-1]) == expected
+
+
+EDITED_UNDER_A_WORKER = """
+import importlib.util, linecache, shutil, sys
+src, path = sys.argv[1], sys.argv[2]
+shutil.copy(src, path)
+spec = importlib.util.spec_from_file_location("intrinsics_copy", path)
+mod = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(mod)
+with open(path) as f:
+    text = f.read()
+with open(path, "w") as f:  # an upgrade on disk shifts every line
+    f.write("# one\\n# two\\n# three\\n" + text)
+mod.use(mod.EXP_SUB_F32.format(lanes=16))  # parsed from the source as imported
+linecache.cache.pop(path)  # without the pin, the parse reads the new file
+try:
+    mod.use(mod.EXP_SUB_F32.format(lanes=8))
+    print("unpinned parse worked")
+except Exception as exc:
+    print("unpinned parse failed:", type(exc).__name__)
+"""
+
+
+def test_intrinsics_parse_the_source_as_imported(tmp_path: Path) -> None:
+    """A long-running worker parses an intrinsic when it first needs it: an upgrade of the file
+    on disk since its import must not change what it parses."""
+    from schedules import intrinsics
+
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [str(Path(__file__).resolve().parents[2]), os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.run([sys.executable, "-c", EDITED_UNDER_A_WORKER, intrinsics.__file__,
+                           str(tmp_path / "intrinsics_copy.py")],
+                          capture_output=True, text=True, timeout=120, env=env, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    # the hazard is real: the same parse without the pinned source fails
+    assert "unpinned parse failed" in proc.stdout, proc.stdout
