@@ -9,5 +9,9 @@ COPY workers ./workers
 COPY api ./api
 COPY schedules ./schedules
 RUN pip install --no-cache-dir .
+# every process runs as an unprivileged user that owns only its data directory
+RUN useradd --system --user-group --uid 10001 --create-home --home-dir /home/tunefarm tunefarm \
+    && mkdir -p /data && chown tunefarm:tunefarm /data
 ENV TUNEFARM_DATA_DIR=/data PYTHONUNBUFFERED=1
+USER tunefarm
 ENTRYPOINT ["tunefarm"]

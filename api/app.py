@@ -22,8 +22,9 @@ from tuner.config import Settings, get_settings
 
 from . import errors
 from .context import ApiContext
+from .hygiene import BodyLimitMiddleware, NulFreeUrlMiddleware
 from .metrics import Metrics, MetricsMiddleware
-from .routes import best, health, jobs, spaces, workers
+from .routes import best, health, jobs, spaces, tokens, work, workers
 
 log = logging.getLogger(__name__)
 
@@ -78,8 +79,10 @@ def create_app(settings: Settings | None = None, *, freeze_gc: bool = False) -> 
                   lifespan=lifespan)
     app.state.settings = settings
     errors.install(app)
-    app.add_middleware(MetricsMiddleware, metrics=metrics)
-    for module in (jobs, best, spaces, workers, health):
+    app.add_middleware(NulFreeUrlMiddleware)
+    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
+    app.add_middleware(MetricsMiddleware, metrics=metrics)  # outermost: counts 413s too
+    for module in (jobs, best, spaces, workers, work, tokens, health):
         app.include_router(module.router)
     return app
 

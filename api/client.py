@@ -120,7 +120,8 @@ class Client:
 
     # --- jobs ---------------------------------------------------------------------------------
 
-    def submit_job(self, body: dict[str, Any], idempotency_key: str | None = None) -> dict[str, Any]:
+    def submit_job(self, body: dict[str, Any],
+                   idempotency_key: str | None = None) -> dict[str, Any]:
         key = idempotency_key or uuid.uuid4().hex  # makes retrying the POST safe
         return self._obj("POST", "/v1/jobs", json=body, headers={"Idempotency-Key": key})
 
@@ -235,3 +236,35 @@ class Client:
     def post_result(self, worker_id: str, inp: MeasureInput, res: MeasureResult) -> dict[str, Any]:
         body = {"input": json.loads(inp.to_json()), "result": json.loads(res.to_json())}
         return self._obj("POST", f"/v1/workers/{worker_id}/results", json=body)
+
+    def lease(self, worker_id: str, *, max_entries: int = 1,
+              wait_s: float = 1.0) -> list[dict[str, Any]]:
+        """Up to `max_entries` measurements for this worker, waiting up to `wait_s` (<= 10) for
+        one: [{"entry_id", "deliveries", "input": MeasureInput dict}]. Not retried here (a lost
+        answer's entries come back after the lease): the caller's loop asks again."""
+        timeout = httpx.Timeout(self._http.timeout.connect, read=wait_s + 30.0,
+                                write=self._http.timeout.write, pool=self._http.timeout.pool)
+        out = self._obj("POST", f"/v1/workers/{worker_id}/lease", idempotent=False,
+                        json={"max": max_entries, "wait_s": wait_s}, timeout=timeout)
+        entries = out.get("entries")
+        if not isinstance(entries, list):
+            raise ApiError(200, "unexpected_response", "the lease did not answer entries")
+        return entries
+
+    def _entries(self, worker_id: str, action: str, entry_ids: list[str],
+                 **extra: Any) -> list[str]:
+        out = self._obj("POST", f"/v1/workers/{worker_id}/{action}",
+                        json={"entry_ids": entry_ids, **extra})
+        return [str(x) for x in out.get("entry_ids") or []]
+
+    def renew(self, worker_id: str, entry_ids: list[str]) -> list[str]:
+        """Keep the lease of entries this worker holds; the ids it still holds."""
+        return self._entries(worker_id, "renew", entry_ids)
+
+    def ack(self, worker_id: str, entry_ids: list[str]) -> list[str]:
+        """Acknowledge entries whose results the API took; the ids acknowledged."""
+        return self._entries(worker_id, "ack", entry_ids)
+
+    def dead_letter(self, worker_id: str, entry_ids: list[str], reason: str) -> list[str]:
+        """Give up on entries this worker holds (dead letters); the ids dropped."""
+        return self._entries(worker_id, "dead-letter", entry_ids, reason=reason[:2000])

@@ -41,7 +41,8 @@ class ApiContext:
         return cls(settings=settings, store=store,
                    redis=AsyncRedis.from_url(settings.redis_url, **kw),
                    sync_redis=Redis.from_url(settings.redis_url, **kw),
-                   keys=Keys(settings.redis_prefix), tokens=TokenCache(store),
+                   keys=Keys(settings.redis_prefix),
+                   tokens=TokenCache(store, ttl_s=settings.token_cache_s),
                    resolver=Resolver(store))
 
     async def aclose(self) -> None:

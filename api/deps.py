@@ -13,6 +13,8 @@ from tuner.db.tokens import Principal, Scope
 
 from .auth import authenticate, authorize
 from .context import ApiContext
+from .errors import ApiProblem
+from .ratelimit import AUTH_FAILURES_BURST, AUTH_FAILURES_PER_S, RateLimiter
 
 # documents the scheme in OpenAPI; the header itself is checked by `authenticate`
 _bearer = HTTPBearer(auto_error=False, description="A tunefarm token (`tf_...`).")
@@ -34,11 +36,44 @@ async def get_store(ctx: CtxDep) -> Store:
 StoreDep = Annotated[Store, Depends(get_store)]
 
 
+def rate_limiter(ctx: ApiContext) -> RateLimiter:
+    """This API process's per-principal request limiter (`ctx.extra["rate_limiter"]`, made
+    from the settings `rate_per_s` and `rate_burst` on first use)."""
+    limiter = ctx.extra.get("rate_limiter")
+    if limiter is None:
+        limiter = ctx.extra["rate_limiter"] = RateLimiter(ctx.settings.rate_per_s,
+                                                          ctx.settings.rate_burst)
+    assert isinstance(limiter, RateLimiter)
+    return limiter
+
+
+def refusal_limiter(ctx: ApiContext) -> RateLimiter:
+    """This API process's limiter of refused tokens per client address (`AUTH_FAILURES_*`)."""
+    limiter = ctx.extra.get("refusal_limiter")
+    if limiter is None:
+        limiter = ctx.extra["refusal_limiter"] = RateLimiter(AUTH_FAILURES_PER_S,
+                                                             AUTH_FAILURES_BURST)
+    assert isinstance(limiter, RateLimiter)
+    return limiter
+
+
 async def current_principal(
     request: Request, ctx: CtxDep,
     _creds: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
 ) -> Principal:
-    return await authenticate(ctx.tokens, request.headers.get("authorization"))
+    """The authenticated principal, within its request rate (else 429 `rate_limited`). A
+    client address whose tokens were refused too often is answered 429 before any lookup."""
+    address = f"address {request.client.host}" if request.client else "address unknown"
+    refusals = refusal_limiter(ctx)
+    refusals.check(address, peek=True)
+    try:
+        principal = await authenticate(ctx.tokens, request.headers.get("authorization"))
+    except ApiProblem as exc:
+        if exc.code == "unauthorized":
+            refusals.take(address)
+        raise
+    rate_limiter(ctx).check(principal.owner)
+    return principal
 
 
 CurrentPrincipal = Annotated[Principal, Depends(current_principal)]

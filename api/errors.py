@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from http import HTTPStatus
 from typing import Any
 
@@ -37,13 +38,22 @@ STATUS: dict[str, int] = {
     "not_found": 404,
     "method_not_allowed": 405,
     "invalid_transition": 409,
+    "payload_too_large": 413,
+    "rate_limited": 429,  # per-principal request rate (Retry-After)
+    "quota_exceeded": 429,  # per-owner queued jobs / trials (Retry-After)
+    "bad_cursor": 400,  # a records/jobs cursor that is not one this API handed out
+    "bad_event_id": 400,  # a Last-Event-ID that is not a stream id
+    "unknown_trial": 409,  # a result for a trial the tuner never issued (or expired)
+    "trial_mismatch": 409,  # a result whose job/workload/target/device/candidate differ
+    "trial_used": 409,  # a second, different result for a trial already answered
     "database_error": 503,
     "unavailable": 503,
     "internal_error": 500,
 }
 
-_HTTP_CODES = {401: "unauthorized", 403: "forbidden", 404: "not_found",
-               405: "method_not_allowed", 503: "unavailable"}
+# FastAPI's own 400 is a body it could not parse (not UTF-8, nested too deep for the parser)
+_HTTP_CODES = {400: "malformed_json", 401: "unauthorized", 403: "forbidden", 404: "not_found",
+               405: "method_not_allowed", 413: "payload_too_large", 503: "unavailable"}
 
 
 class ApiProblem(TunefarmError):
@@ -114,7 +124,9 @@ async def _tunefarm_error(request: Request, exc: Exception) -> JSONResponse:
                        instance=request.url.path, headers={"Retry-After": "5"})
     if status >= 500:
         log.error("error on %s %s: %s", request.method, request.url.path, exc)
-    return problem(status, code, str(exc), instance=request.url.path)
+    retry_after = getattr(exc, "retry_after", None)  # e.g. QuotaExceeded: a 429
+    headers = {"Retry-After": str(max(1, math.ceil(retry_after)))} if retry_after else None
+    return problem(status, code, str(exc), instance=request.url.path, headers=headers)
 
 
 def _is_json_error(err: dict[str, Any]) -> bool:

@@ -30,7 +30,8 @@ log = logging.getLogger(__name__)
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 TERMINAL = frozenset(s.value for s in JobState if s.is_terminal)
-_ID = re.compile(r"^\d{1,20}-\d{1,20}$")
+_ID = re.compile(r"([0-9]{1,20})-([0-9]{1,20})")  # ASCII digits: `\d` also takes "١٢"
+_ID_PART_LIMIT = 1 << 64  # each part of a Redis stream id is an unsigned 64-bit integer
 
 BLOCK_MS = 1000  # one XREAD waits this long for new entries
 SQL_CHECK_S = 2.0  # how often an idle stream asks SQL whether the job finished
@@ -38,13 +39,16 @@ KEEPALIVE_S = 15.0
 
 
 def parse_last_event_id(value: str | None) -> str:
-    """The stream id to read after ("0-0": from the start)."""
+    """The stream id to read after ("0-0": from the start); anything that is not a Redis
+    stream id `<ms>-<seq>` (each part below 2**64) is a 400 `bad_event_id`."""
     if value is None or not value.strip():
         return "0-0"
     value = value.strip()
-    if not _ID.match(value):
-        raise ApiProblem("validation_error",
-                         f"Last-Event-ID {value!r} is not an event id this stream handed out")
+    found = _ID.fullmatch(value)
+    if found is None or any(int(part) >= _ID_PART_LIMIT for part in found.groups()):
+        shown = value if len(value) <= 64 else value[:64] + "..."
+        raise ApiProblem("bad_event_id",
+                         f"Last-Event-ID {shown!r} is not an event id this stream handed out")
     return value
 
 

@@ -1,9 +1,13 @@
-"""What the job routes do, apart from HTTP: submit (validate, store, enqueue), cancel, and pages
-of a job's records. Runs in the thread pool (SQL, TVM, the synchronous Redis client)."""
+"""What the job routes do, apart from HTTP: submit (validate, create through
+`tuner.db.jobs.create_job`, enqueue), cancel, and pages of a job's records. Runs in the thread
+pool (SQL, TVM, the synchronous Redis client); the SQL itself lives in `tuner.db`.
+
+Ownership: a job belongs to the principal that submitted it (`Principal.owner`). `get` (and so
+read, records, events, cancel) answers another owner's job exactly like a job that does not
+exist (404 `not_found`: no one learns that it exists); admin tokens see every job."""
 
 from __future__ import annotations
 
-import base64
 import hashlib
 import json
 import logging
@@ -11,24 +15,22 @@ from dataclasses import dataclass
 from typing import Any
 
 import redis
-from sqlalchemy import select
 
 from tuner.db import jobs as jobs_db
-from tuner.db import models as m
+from tuner.db import workers as workers_db
+from tuner.db.jobs import JobOptions, NewJob
 from tuner.db.models import JobState, utcnow
-from tuner.db.rows import JobRow, RecordRow
-from tuner.errors import NotFound, SpecError
-from tuner.queue import events
+from tuner.db.rows import JobRow
+from tuner.db.tokens import Principal, Scope
+from tuner.errors import NotFound, TargetError
+from tuner.queue import events, mark_cancelled
 from tuner.queue.streams import enqueue
-from tuner.records import record_dict
-from tuner.search.loop import job_key
 
 from .context import ApiContext
 from .errors import ApiProblem
-from .schemas import JobCreate
+from .schemas import JobCreate, RecordPublic
 
 log = logging.getLogger(__name__)
-CANCELLED_TTL_S = 24 * 3600
 
 
 @dataclass(frozen=True)
@@ -42,27 +44,29 @@ def request_hash(body: JobCreate) -> str:
     return hashlib.sha256(canon.encode()).hexdigest()
 
 
-def _options(ctx: ApiContext, body: JobCreate) -> dict[str, Any]:
-    seed = body.seed if body.seed is not None else (ctx.settings.seed or 0)
-    opts: dict[str, Any] = {"batch_size": body.batch_size or ctx.settings.batch_size, "seed": seed}
-    if body.early_stop is not None:
-        opts["early_stop"] = body.early_stop
-    return opts
-
-
-def submit(ctx: ApiContext, body: JobCreate, idempotency_key: str | None) -> Submitted:
-    """Validate everything, then create the job (QUEUED) and tell the tuners."""
+def submit(ctx: ApiContext, body: JobCreate, idempotency_key: str | None,
+           principal: Principal) -> Submitted:
+    """Validate everything, then create the job (QUEUED, owned by `principal`, within its
+    quotas) and tell the tuners. The Idempotency-Key is the owner's: another owner's use of the
+    same key is unrelated."""
     rhash = request_hash(body)
     wl = ctx.resolver.workload(body.workload)
     tgt = ctx.resolver.target(body.target)
+    _check_cores(ctx, tgt.as_dict, body.device_key)
     space = ctx.resolver.space(body.space, wl, tgt)
+    if idempotency_key is None:  # a replay of a keyed request is answered with its job below
+        jobs_db.Quotas.from_settings(ctx.settings).precheck(ctx.store, principal.owner,
+                                                            body.trials)
     wid = ctx.resolver.workload_id(wl)
     tref = ctx.resolver.target_ref(tgt, body.device_key)
+    options = JobOptions.from_settings(ctx.settings, batch_size=body.batch_size, seed=body.seed,
+                                       early_stop=body.early_stop)
     started = utcnow()
-    job = ctx.store.create_job(
-        job_key=job_key(wl.key, tref.key, space), workload_id=wid, target_id=tref.id,
-        space=space, trials=body.trials, options=_options(ctx, body), state=JobState.QUEUED,
-        idempotency_key=idempotency_key, request_hash=rhash, wall_budget_s=body.wall_budget_s)
+    job = jobs_db.create_job(ctx.store, NewJob(
+        workload_id=wid, workload_key=wl.key, target=tref, space=space, trials=body.trials,
+        options=options, wall_budget_s=body.wall_budget_s, state=JobState.QUEUED,
+        idempotency_key=idempotency_key, request_hash=rhash, owner=principal.owner),
+        settings=ctx.settings)
     if idempotency_key is not None and job.request_hash != rhash:
         raise ApiProblem("idempotency_conflict",
                          f"Idempotency-Key {idempotency_key!r} was already used for a different "
@@ -78,56 +82,48 @@ def submit(ctx: ApiContext, body: JobCreate, idempotency_key: str | None) -> Sub
     return Submitted(job, created)
 
 
-def get(ctx: ApiContext, job_id: str) -> JobRow:
+def _check_cores(ctx: ApiContext, target: dict[str, Any], device_key: str) -> None:
+    """A target's `num-cores` may not pass the cores of the device key's workers (when any
+    has registered): a kernel parallelised for more cores than its board has is no job."""
+    cores = target.get("num-cores")
+    most = workers_db.max_cores(ctx.store, device_key) if isinstance(cores, int) else None
+    if most is not None and isinstance(cores, int) and cores > most:
+        raise TargetError(f"must be from 1 to {most}: the workers of device key {device_key!r} "
+                          f"have at most {most} cores, not {cores}", field="target.num-cores")
+
+
+def may_see(principal: Principal, job: JobRow) -> bool:
+    """Whether `principal` may read, follow and cancel `job`: its owner, or an admin."""
+    return principal.scope is Scope.ADMIN or job.owner == principal.owner
+
+
+def list_owner(principal: Principal) -> str | None:
+    """Whose jobs `principal` lists: its own (None: everyone's, for an admin)."""
+    return None if principal.scope is Scope.ADMIN else principal.owner
+
+
+def get(ctx: ApiContext, job_id: str, principal: Principal) -> JobRow:
+    """The job, if `principal` may see it; another owner's job is a 404 like a missing one."""
     job = ctx.store.get_job(job_id)
-    if job is None:
+    if job is None or not may_see(principal, job):
         raise NotFound(f"no job {job_id!r}")
     return job
 
 
-def cancel(ctx: ApiContext, job_id: str) -> JobRow:
+def cancel(ctx: ApiContext, job_id: str, principal: Principal) -> JobRow:
     """Idempotent: QUEUED -> CANCELLED, RUNNING -> CANCELLING, others unchanged."""
-    before = get(ctx, job_id)
+    before = get(ctx, job_id, principal)
     job = jobs_db.request_cancel(ctx.store, job_id)
     if job.state in (JobState.CANCELLED, JobState.CANCELLING):
-        try:
-            ctx.sync_redis.set(ctx.keys.cancelled(job_id), "1", ex=CANCELLED_TTL_S)
-        except (redis.RedisError, OSError) as exc:
-            log.warning("job %s cancelled in SQL; Redis flag not set: %s", job_id, exc)
+        mark_cancelled(ctx.sync_redis, ctx.keys, job_id)
     if job.state is not before.state:
         events.publish(ctx.sync_redis, ctx.keys, job_id, "state", {"state": str(job.state)})
         log.info("job %s: %s -> %s (cancel requested)", job_id, before.state, job.state)
     return job
 
 
-def _encode_cursor(record_id: int) -> str:
-    return base64.urlsafe_b64encode(f"r{record_id}".encode()).decode().rstrip("=")
-
-
-def _decode_cursor(cursor: str) -> int:
-    try:
-        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
-        if not raw.startswith("r"):
-            raise ValueError(raw)
-        return int(raw[1:])
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise SpecError("not a cursor this service handed out", field="cursor") from exc
-
-
-def records_page(ctx: ApiContext, job_id: str, *, limit: int,
-                 cursor: str | None) -> tuple[list[dict[str, Any]], str | None]:
+def records_page(ctx: ApiContext, job_id: str, principal: Principal, *, limit: int,
+                 cursor: str | None) -> tuple[list[RecordPublic], str | None]:
     """A job's records in the order they were stored, `limit` at a time (keyset pagination)."""
-    job = get(ctx, job_id)
-    after = _decode_cursor(cursor) if cursor else 0
-    q = (select(m.Record).where(m.Record.job_id == job_id, m.Record.id > after)
-         .order_by(m.Record.id).limit(limit + 1))
-    with ctx.store.session() as s:
-        rows = [RecordRow.of(r) for r in s.scalars(q)]
-        w = s.get(m.Workload, job.workload_id)
-        t = s.get(m.Target, job.target_id)
-        assert w is not None and t is not None
-        wkey, flops, tjson, device = w.key, w.flops, t.target_json, t.device_key
-    nxt = _encode_cursor(rows[limit - 1].id) if len(rows) > limit else None
-    items = [record_dict(r, workload_key=wkey, flops=flops, target_json=tjson, device_key=device)
-             for r in rows[:limit]]
-    return items, nxt
+    return jobs_db.records_page(ctx.store, get(ctx, job_id, principal), limit=limit,
+                                cursor=cursor)

@@ -14,11 +14,12 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
-from sqlalchemy import func, select
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from tuner.db import models as m
+from tuner.db import stats
 from tuner.db.store import Store
+
+from .asgi import HttpMiddleware
 
 log = logging.getLogger(__name__)
 
@@ -55,32 +56,26 @@ class _SqlCollector(Collector):
         jobs = GaugeMetricFamily("tunefarm_jobs", "Jobs by state", labels=["state"])
         records = GaugeMetricFamily("tunefarm_records", "Measured records stored")
         try:
-            with store.session() as s:
-                counts = {state: n for state, n in
-                          s.execute(select(m.Job.state, func.count()).group_by(m.Job.state))}
-                total = s.scalar(select(func.count()).select_from(m.Record)) or 0
-        except Exception as exc:  # noqa: BLE001 - a scrape must not fail on a database outage
+            counts = stats.counts(store)
+        except Exception as exc:  # a scrape must not fail on a database outage
             log.warning("metrics: cannot read SQL: %s", exc)
             return
-        for state in m.JobState:
-            jobs.add_metric([state.value], float(counts.get(state.value, 0)))
-        records.add_metric([], float(total))
+        for state, n in counts.jobs_by_state.items():
+            jobs.add_metric([state], float(n))
+        records.add_metric([], float(counts.records))
         yield jobs
         yield records
 
 
-class MetricsMiddleware:
+class MetricsMiddleware(HttpMiddleware):
     """Times each HTTP request to its response start; labels it with the route template
     (`/v1/jobs/{job_id}`), never the raw path, so label cardinality stays bounded."""
 
     def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
-        self.app = app
+        super().__init__(app)
         self.metrics = metrics
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
+    async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
         start = time.perf_counter()
         status = 500
         observed = False

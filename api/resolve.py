@@ -8,6 +8,7 @@ does no TVM work at all: (workload, target, device_key) as sent -> (workload_key
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import threading
@@ -18,10 +19,12 @@ from typing import Any, Generic, TypeVar
 
 from schedules import registry
 from tuner import tvm_api as tv
+from tuner.db.catalog import register_workload
 from tuner.db.engine import target_key
 from tuner.db.rows import TargetRef
 from tuner.db.store import Store
 from tuner.errors import NotFound, SpecError
+from tuner.targets import check_target
 from tuner.workloads import Workload, parse_spec
 
 K = TypeVar("K")
@@ -107,8 +110,16 @@ class Resolver:
         return self._workloads.get_or(_digest(spec), lambda: parse_spec(spec))
 
     def target(self, spec: str | dict[str, Any]) -> ResolvedTarget:
+        """A target from a request: "host" (this API's CPU), or a dict (or its JSON text) that
+        passes the allowlist (`tuner.targets.check_target`) and then TVM."""
         def make() -> ResolvedTarget:
-            tgt = tv.make_target(spec)
+            value: Any = spec
+            if isinstance(value, str) and value.strip().startswith("{"):
+                with contextlib.suppress(json.JSONDecodeError):  # make_target names the error
+                    value = json.loads(value)
+            if isinstance(value, dict):
+                check_target(value)
+            tgt = tv.make_target(value)
             return ResolvedTarget(tgt, tv.target_to_dict(tgt), tv.canonical_target_json(tgt))
 
         raw = spec.strip() if isinstance(spec, str) else spec
@@ -121,16 +132,7 @@ class Resolver:
     # --- SQL ids ----------------------------------------------------------------------------
 
     def workload_id(self, wl: Workload) -> int:
-        def make() -> int:
-            row = self.store.workload_by_key(wl.key)
-            if row is not None:
-                return row.id
-            return self.store.ensure_workload(
-                key=wl.key, op=wl.op, spec_json=json.dumps(wl.spec, sort_keys=True),
-                shash=wl.shash(), mod_json=tv.save_json(wl.mod()), description=wl.description,
-                flops=int(wl.flops))
-
-        return self._workload_ids.get_or(wl.key, make)
+        return self._workload_ids.get_or(wl.key, lambda: register_workload(self.store, wl))
 
     def target_ref(self, tgt: ResolvedTarget, device_key: str) -> TargetRef:
         return self._target_refs.get_or((tgt.json, device_key),

@@ -1,14 +1,31 @@
-"""Committing a worker's measurement: MeasureInput + MeasureResult -> one SQL record
-(idempotent per trial id), then the best-cache invalidation and a "record" event."""
+"""Committing a worker's measurement: MeasureInput + MeasureResult -> one SQL record, accepted
+only for a trial the tuner issued to the worker's device key (`tuner.db.trials`), then the
+best-cache invalidation and a "record" event.
+
+A post is checked in this order, and anything rejected writes nothing (no record, no cache
+invalidation, no event):
+
+    the worker      the caller's token registered `worker_id` (403 forbidden, 404 not_found)
+    the body        a MeasureInput and a MeasureResult of the same trial, latencies finite and
+                    > 0 (1..MAX_SAMPLES of them for an ok result), a context naming a known job,
+                    workload and target (422 validation_error, naming the field)
+    the trial       issued and unexpired (409 unknown_trial), issued for this job, workload,
+                    target, candidate and the worker's device key (409 trial_mismatch, naming
+                    the field), not answered yet (409 trial_used; the same result posted again
+                    answers 200 `inserted: false`)
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import json
 import logging
+import math
 from typing import Any
 
+from tuner.db import trials
 from tuner.db.rows import NewRecord
+from tuner.db.workers import WorkerRow
 from tuner.measure import Invalidity, MeasureInput, MeasureResult
 from tuner.queue import events
 from tuner.records import record_from
@@ -16,15 +33,49 @@ from tuner.records import record_from
 from . import best
 from .context import ApiContext
 from .errors import ApiProblem
-from .schemas import ResultCreate
+from .schemas import ResultCreate, ResultPublic
 
 log = logging.getLogger(__name__)
+
+MAX_SAMPLES = 1000  # latencies per result
+MAX_TEXT = 64 << 10  # characters of an error message
+MAX_NAME = 64  # characters of context.space and context.tvm_version (their columns' size)
 
 
 def _invalid(detail: str, field: str) -> ApiProblem:
     return ApiProblem("validation_error", detail, field=field,
                       errors=[{"loc": ["body", *field.split(".")], "msg": detail,
                                "type": "value_error"}])
+
+
+def _positive(x: Any) -> bool:
+    """A finite number of seconds above zero (not a bool)."""
+    if isinstance(x, bool) or not isinstance(x, int | float):
+        return False
+    try:
+        return math.isfinite(float(x)) and float(x) > 0
+    except OverflowError:
+        return False
+
+
+def _check_result(res: MeasureResult) -> None:
+    lat = res.latencies_s
+    if len(lat) > MAX_SAMPLES:
+        raise _invalid(f"at most {MAX_SAMPLES} latency samples, not {len(lat)}",
+                       "result.latencies_s")
+    if not all(_positive(x) for x in lat):
+        raise _invalid("latencies_s must be finite numbers of seconds above 0",
+                       "result.latencies_s")
+    if res.invalidity is Invalidity.OK and not lat:
+        raise _invalid("an ok result needs at least one latency sample", "result.latencies_s")
+    if res.build_s is not None and not (_positive(res.build_s) or res.build_s == 0):
+        raise _invalid("build_s must be a finite number of seconds, at least 0", "result.build_s")
+    if res.max_abs_err is not None and not (_positive(res.max_abs_err) or res.max_abs_err == 0):
+        raise _invalid("max_abs_err must be a finite number, at least 0", "result.max_abs_err")
+    if res.error_msg is not None and (not isinstance(res.error_msg, str)
+                                      or len(res.error_msg) > MAX_TEXT):
+        raise _invalid(f"error_msg must be text of at most {MAX_TEXT} characters",
+                       "result.error_msg")
 
 
 def _parse(body: ResultCreate) -> tuple[MeasureInput, MeasureResult]:
@@ -36,11 +87,13 @@ def _parse(body: ResultCreate) -> tuple[MeasureInput, MeasureResult]:
         res = MeasureResult.from_json(json.dumps(body.result))
     except (TypeError, ValueError, KeyError) as exc:
         raise _invalid(f"not a MeasureResult: {exc}", "result") from exc
-    if not all(isinstance(x, int | float) and x >= 0 for x in res.latencies_s):
-        raise _invalid("latencies_s must be non-negative numbers (seconds)", "result.latencies_s")
+    for name in ("trial_id", "workload_key", "trace_json"):
+        if not isinstance(getattr(inp, name), str):
+            raise _invalid(f"{name} must be a string", f"input.{name}")
     if inp.trial_id != res.trial_id:
         raise _invalid(f"result is for trial {res.trial_id!r}, input for {inp.trial_id!r}",
                        "result.trial_id")
+    _check_result(res)
     return inp, res
 
 
@@ -51,6 +104,11 @@ def _record(ctx: ApiContext, inp: MeasureInput, res: MeasureResult) -> tuple[New
         rec = record_from(inp, res)
     except (TypeError, ValueError, KeyError) as exc:
         raise _invalid(f"the input's context cannot make a record: {exc}", "input.context") from exc
+    if rec.job_id is not None and not isinstance(rec.job_id, str):
+        raise _invalid("job_id must be a string", "input.context.job_id")
+    for name in ("space", "tvm_version"):
+        if len(getattr(rec, name)) > MAX_NAME:
+            raise _invalid(f"{name} is longer than {MAX_NAME} characters", f"input.context.{name}")
     tref = ctx.resolver.target_by_id(rec.target_id)
     wrow = ctx.store.get_workload(rec.workload_id)
     if tref is None or wrow is None:
@@ -64,12 +122,22 @@ def _record(ctx: ApiContext, inp: MeasureInput, res: MeasureResult) -> tuple[New
     return rec, tref.key
 
 
-def commit(ctx: ApiContext, worker_id: str, body: ResultCreate) -> dict[str, Any]:
+def commit(ctx: ApiContext, worker: WorkerRow, body: ResultCreate) -> ResultPublic:
+    """Store the result `worker` (acting as itself: see `tuner.db.workers.acting_as`) posted
+    for an issued trial; {"trial_id", "inserted"}. The record's `worker` is the result's (e.g.
+    the RPC board that ran it), else the posting worker's id."""
     inp, res = _parse(body)
     if res.worker is None:
-        res = dataclasses.replace(res, worker=worker_id)
+        res = dataclasses.replace(res, worker=worker.id)
+    if not isinstance(res.worker, str) or len(res.worker) > 128:
+        raise _invalid("worker must be text of at most 128 characters", "result.worker")
     rec, tkey = _record(ctx, inp, res)
-    inserted = ctx.store.add_records([rec]) == 1
+    try:
+        inserted = trials.commit_result(ctx.store, rec, worker.device_key)
+    except trials.TrialRejected as exc:
+        log.warning("worker %s: result for trial %s rejected (%s): %s", worker.id, rec.trial_id,
+                    exc.code, exc.detail)
+        raise ApiProblem(exc.code, exc.detail, field=exc.field) from exc
     if inserted:
         if res.invalidity is Invalidity.OK and res.median_s is not None:
             best.invalidate(ctx, inp.workload_key, tkey, res.median_s)
@@ -77,6 +145,6 @@ def commit(ctx: ApiContext, worker_id: str, body: ResultCreate) -> dict[str, Any
             events.publish(ctx.sync_redis, ctx.keys, rec.job_id, "record", {
                 "trial_id": rec.trial_id, "invalidity": str(res.invalidity),
                 "latency_s": res.median_s})
-        log.info("trial %s of job %s from worker %s: %s", rec.trial_id, rec.job_id, worker_id,
+        log.info("trial %s of job %s from worker %s: %s", rec.trial_id, rec.job_id, worker.id,
                  res.invalidity)
-    return {"trial_id": rec.trial_id, "inserted": inserted}
+    return ResultPublic(trial_id=rec.trial_id, inserted=inserted)

@@ -1,18 +1,56 @@
 """Request (…Create) and response (…Public) bodies of the REST API.
 
-Responses are built by `tuner.db` helpers (`job_dict`, `record_dict`, `WorkerRow.to_dict`) and
-described here for the OpenAPI document; requests are validated here before any work is done.
+Requests are validated here before any work is done. The resources' public models (`JobPublic`,
+`RecordPublic`, `BestPublic`, `WorkerPublic`) are defined once in `tuner.db.views`, built from
+the stored rows (`JobPublic.from_row`, ...) and shared with the CLI's JSON output; they are
+re-exported here, beside the API's own envelopes (pages, problems, acknowledgements), for the
+routes and the OpenAPI document.
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+import math
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+
+from tuner.db.views import BestPublic, BestSoFar, JobPublic, RecordPublic, WorkerPublic
+
+__all__ = [
+    "DEVICE_KEY_PATTERN", "BestPublic", "BestSoFar", "DeviceKey", "Health", "Heartbeat",
+    "JobCreate", "JobPage", "JobPublic", "Problem", "RecordPage", "RecordPublic", "ResultCreate",
+    "ResultPublic", "WorkerCreate", "WorkerPublic", "WorkerRegistered",
+]
 
 DEVICE_KEY_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
 DeviceKey = Field(default="local", pattern=DEVICE_KEY_PATTERN,
                   description="Board class whose workers measure this (a Redis stream per key).")
+INT64_MAX = (1 << 63) - 1
+INT32_MAX = (1 << 31) - 1  # counters stored in SQL INTEGER columns
+MAX_JSON_DEPTH = 32  # nesting of a JSON object field (a spec, a target, capabilities)
+NO_NUL = r"^[^\x00]*$"  # SQL text columns cannot hold NUL characters
+
+# Request models are strict: JSON types are not coerced ("10" and true are not integers), floats
+# are finite, integers bounded, and unknown fields refused (each a 422 naming the field).
+STRICT = ConfigDict(extra="forbid", strict=True)
+
+
+def _plain_json(value: dict[str, Any]) -> dict[str, Any]:
+    """`value` if it nests at most MAX_JSON_DEPTH deep and holds only finite numbers."""
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, float) and not math.isfinite(item):
+            raise ValueError("numbers must be finite (no NaN or Infinity)")
+        if isinstance(item, dict | list):
+            if depth > MAX_JSON_DEPTH:
+                raise ValueError(f"nested deeper than {MAX_JSON_DEPTH} levels")
+            children = item.values() if isinstance(item, dict) else item
+            stack.extend((child, depth + 1) for child in children)
+    return value
+
+
+JsonObject = Annotated[dict[str, Any], AfterValidator(_plain_json)]
 
 
 class Problem(BaseModel):
@@ -32,47 +70,22 @@ class Problem(BaseModel):
 
 
 class JobCreate(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = STRICT
 
-    workload: dict[str, Any] = Field(
+    workload: JsonObject = Field(
         description='Workload spec as tuner.workloads.parse_spec takes it, e.g. '
-                    '{"op": "matmul", "shape": [128, 128, 128]} or {"op": "tir", "tvmscript": "..."}',
+                    '{"op": "matmul", "shape": [128, 128, 128]} or '
+                    '{"op": "tir", "tvmscript": "..."}',
         examples=[{"op": "matmul", "shape": [128, 128, 128]}])
-    target: str | dict[str, Any] = Field(
+    target: Annotated[str, Field(max_length=4096, pattern=NO_NUL)] | JsonObject = Field(
         default="host", description='"host" (the API machine\'s CPU) or a TVM target dict.')
     device_key: str = DeviceKey
     trials: int = Field(default=64, ge=1, le=100_000)
-    wall_budget_s: float | None = Field(default=None, gt=0)
-    space: str = Field(default="default", min_length=1, max_length=64)
+    wall_budget_s: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    space: str = Field(default="default", min_length=1, max_length=64, pattern=NO_NUL)
     batch_size: int | None = Field(default=None, ge=1, le=4096)
-    seed: int | None = Field(default=None, ge=0)
-    early_stop: int | None = Field(default=None, ge=1)
-
-
-class BestSoFar(BaseModel):
-    trial_id: str
-    latency_s: float | None
-    gflops: float | None
-
-
-class JobPublic(BaseModel):
-    id: str
-    state: str
-    workload_key: str
-    workload: dict[str, Any]
-    target: dict[str, Any]
-    device_key: str
-    space: str
-    trials: int
-    trials_done: int
-    wall_budget_s: float | None = None
-    options: dict[str, Any] = Field(default_factory=dict)
-    best: BestSoFar | None = None
-    error: str | None = None
-    created_at: str
-    updated_at: str
-    started_at: str | None = None
-    finished_at: str | None = None
+    seed: int | None = Field(default=None, ge=0, le=INT64_MAX)
+    early_stop: int | None = Field(default=None, ge=1, le=100_000)
 
 
 class JobPage(BaseModel):
@@ -80,49 +93,23 @@ class JobPage(BaseModel):
     next_cursor: str | None
 
 
-class RecordPublic(BaseModel):
-    model_config = ConfigDict(extra="allow")
-
-    trial_id: str
-    job_id: str | None
-    workload_key: str
-    target: dict[str, Any] | None
-    device_key: str | None
-    space: str
-    invalidity: str
-    error_msg: str | None
-    latency_s: float | None
-    latencies_s: list[float]
-    cv: float | None
-    gflops: float | None
-    decisions: list[Any]
-    trace: Any
-    worker: str | None
-    build_s: float | None
-    tvm_version: str
-    measured_at: str
-
-
 class RecordPage(BaseModel):
     items: list[RecordPublic]
     next_cursor: str | None
-
-
-class BestPublic(RecordPublic):
-    workload: dict[str, Any]
-    schedule_python: str
 
 
 # --- workers -------------------------------------------------------------------------------
 
 
 class WorkerCreate(BaseModel):
-    name: str = Field(min_length=1, max_length=128)
+    model_config = STRICT
+
+    name: str = Field(min_length=1, max_length=128, pattern=NO_NUL)
     device_key: str = DeviceKey
-    target: dict[str, Any] = Field(description="The worker's TVM target dict (kind, mcpu, ...).")
-    capabilities: dict[str, Any] = Field(default_factory=dict)
-    tvm_version: str = Field(default="", max_length=64)
-    hostname: str = Field(default="", max_length=255)
+    target: JsonObject = Field(description="The worker's TVM target dict (kind, mcpu, ...).")
+    capabilities: JsonObject = Field(default_factory=dict)
+    tvm_version: str = Field(default="", max_length=64, pattern=NO_NUL)
+    hostname: str = Field(default="", max_length=255, pattern=NO_NUL)
 
 
 class WorkerRegistered(BaseModel):
@@ -130,35 +117,26 @@ class WorkerRegistered(BaseModel):
     lease_s: float
     heartbeat_s: float
     max_deliveries: int
-    redis_prefix: str
     queue_wait_s: float
 
 
 class Heartbeat(BaseModel):
+    model_config = STRICT
+
     state: Literal["idle", "busy", "draining", "quarantined", "offline"] = "idle"
-    measured: int = Field(default=0, ge=0)
-    failures: int = Field(default=0, ge=0)
-    infra_failures: int = Field(default=0, ge=0)
-
-
-class WorkerPublic(BaseModel):
-    id: str
-    name: str
-    device_key: str
-    target: dict[str, Any]
-    capabilities: dict[str, Any]
-    tvm_version: str
-    hostname: str
-    state: str
-    measured: int
-    failures: int
-    infra_failures: int
-    registered_at: str
-    last_seen_at: str
+    measured: int = Field(default=0, ge=0, le=INT32_MAX)
+    failures: int = Field(default=0, ge=0, le=INT32_MAX)
+    infra_failures: int = Field(default=0, ge=0, le=INT32_MAX)
 
 
 class ResultCreate(BaseModel):
-    input: dict[str, Any] = Field(description="tuner.measure.MeasureInput as a dict (with context).")
+    """Checked field by field by `api.results` (NaN latencies, forged traces, ...: 422s that
+    name the field inside, e.g. `result.latencies_s.0`)."""
+
+    model_config = STRICT
+
+    input: dict[str, Any] = Field(
+        description="tuner.measure.MeasureInput as a dict (with context).")
     result: dict[str, Any] = Field(description="tuner.measure.MeasureResult as a dict.")
 
 

@@ -157,7 +157,8 @@ def markdown(doc: dict[str, Any]) -> str:
              f"brackets; int8 counts integer ops). Peak: fp32 {cfg['peak']['fp32']:g} GFLOPS, "
              f"int8 {cfg['peak']['int8']:g} GOPS. Ratios are latency ratios (< 1: tunefarm is "
              f"faster). Packed weights are excluded from the timed kernels (see bench/README.md).",
-             *_busy(m), "", "| " + " | ".join(COLUMNS) + " |", "|---|" + "---:|" * (len(COLUMNS) - 1)]
+             *_busy(m), "", "| " + " | ".join(COLUMNS) + " |",
+             "|---|" + "---:|" * (len(COLUMNS) - 1)]
     for w in doc["workloads"]:
         v, flops = w.get("variants", {}), w["flops"]
         tf, ms = w.get("tuning", {}).get("tunefarm"), w.get("tuning", {}).get("metaschedule")

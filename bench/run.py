@@ -51,8 +51,7 @@ def _target(args: argparse.Namespace) -> dict[str, Any]:
 
 def _tune(entry: dict[str, Any], wl: Any, target: dict[str, Any], wdir: Path,
           args: argparse.Namespace) -> dict[str, Any]:
-    from .tune import (load_summary, resolve_space, save_summary, tune_metaschedule,
-                       tune_tunefarm)
+    from .tune import load_summary, resolve_space, save_summary, tune_metaschedule, tune_tunefarm
 
     out: dict[str, Any] = {}
     for name in ("tunefarm", "metaschedule"):
@@ -72,14 +71,14 @@ def _tune(entry: dict[str, Any], wl: Any, target: dict[str, Any], wdir: Path,
                 else:
                     summ = tune_metaschedule(wl, target, args.trials, wdir, threads=args.threads,
                                              seed=args.seed, log=log)
-            except Exception as exc:  # noqa: BLE001 - one failed tuner must not stop the suite
+            except Exception as exc:  # one failed tuner must not stop the suite
                 traceback.print_exc()
                 summ = {"tuner": name, "error": f"{type(exc).__name__}: {exc}"[:2000],
                         "wall_s": None, "best_trace": None, "trials": args.trials}
                 if name == "tunefarm":
                     try:
                         summ["space"] = resolve_space(wl, target, args.space)
-                    except Exception as exc2:  # noqa: BLE001
+                    except Exception as exc2:
                         summ["space"] = f"? ({type(exc2).__name__})"
             summ["target"] = target
             save_summary(wdir, name, summ)
@@ -117,7 +116,7 @@ def _kernel_variant(name: str, summ: dict[str, Any] | None, wl: Any, inputs: lis
         if not extra["same_params_as_tuned_kernel"]:
             log(f"    !!! {name}: the timed kernel's parameters differ from the kernel the tuner "
                 "measured (strip_layout_rewrite); timing it anyway")
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         traceback.print_exc()
         return None, {"status": "error", "reason": f"{type(exc).__name__}: {exc}"[:2000]}
     note = "best record replayed; weight packing run once, not timed" if kernel.packed \
@@ -157,11 +156,12 @@ def bench_one(entry: dict[str, Any], target: dict[str, Any], out: Path, torch: A
     for name, make in (("pytorch", (lambda w, x: torch_impl(w, x, torch)) if torch else None),
                        ("numpy", numpy_impl)):
         if make is None:
-            status[name] = {"status": "unavailable", "reason": "PyTorch not installed or --no-torch"}
+            status[name] = {"status": "unavailable",
+                            "reason": "PyTorch not installed or --no-torch"}
             continue
         try:
             fn, note = make(wl, inputs)
-        except Exception as exc:  # noqa: BLE001 - e.g. a torch build without the op
+        except Exception as exc:  # e.g. a torch build without the op
             fn, note = None, f"{type(exc).__name__}: {exc}"[:500]
         if fn is None:
             status[name] = {"status": "unavailable", "reason": note}
@@ -216,7 +216,7 @@ def run(args: argparse.Namespace) -> int:
         log(f"== {entry['id']} {entry['title'] or ''} {json.dumps(entry['spec'])}")
         try:
             row = bench_one(entry, target, out, torch, args)
-        except Exception as exc:  # noqa: BLE001 - record it, go on with the suite
+        except Exception as exc:  # record it, go on with the suite
             traceback.print_exc()
             row = {"id": entry["id"], "title": entry["title"], "op": entry["spec"].get("op"),
                    "spec": entry["spec"], "flops": 0, "peak": entry["peak"], "tuning": {},

@@ -153,7 +153,7 @@ def time_interleaved(variants: list[Variant], reference: list[np.ndarray], rtol:
     for v in list(variants):
         try:
             v.prepare(reference, rtol, atol, min_ms)
-        except Exception as exc:  # noqa: BLE001 - e.g. an op this torch build lacks
+        except Exception as exc:  # e.g. an op this torch build lacks
             failed[v.name] = {"status": "error", "reason": f"{type(exc).__name__}: {exc}"[:500],
                               "note": v.note}
             log(f"    !!! {v.name}: failed: {failed[v.name]['reason']}")
@@ -166,8 +166,8 @@ def time_interleaved(variants: list[Variant], reference: list[np.ndarray], rtol:
         for v in variants[r % n:] + variants[: r % n]:
             v.measure(min_ms)
             time.sleep(PAUSE_S)
-        log("    round %d: %s" % (r + 1, "  ".join(f"{v.name} {v.samples[-1] * 1e3:.4g} ms"
-                                                    for v in variants)))
+        last = "  ".join(f"{v.name} {v.samples[-1] * 1e3:.4g} ms" for v in variants)
+        log(f"    round {r + 1}: {last}")
     for v in variants:
         v.final_check(reference, rtol, atol)
         if not v.checks[-1]["ok"]:

@@ -17,6 +17,7 @@ import re
 import shutil
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +45,7 @@ def tune_tunefarm(wl: Any, target: dict[str, Any], trials: int, work_dir: Path, 
     from tuner.errors import NotFound
     from tuner.measure import MeasureOptions
     from tuner.records import best_record
-    from tuner.search.loop import Progress, Tuner, TuneRequest
+    from tuner.search import Progress, Tuner, TuneRequest
     from workers.local import LocalMeasurer
 
     s = _settings()
@@ -52,9 +53,8 @@ def tune_tunefarm(wl: Any, target: dict[str, Any], trials: int, work_dir: Path, 
     db_path = work_dir / "tunefarm.db"
     for p in work_dir.glob("tunefarm.db*"):  # fresh: no history, no transfer from other runs
         p.unlink()
-    opts = MeasureOptions(min_repeat_ms=s.min_repeat_ms, repeats=s.repeats,
-                          cache_flush=s.cache_flush, build_timeout_s=s.build_timeout_s,
-                          run_timeout_s=s.run_timeout_s, num_threads=threads, verify=True)
+    # the settings' protocol, on the threads MetaSchedule gets too
+    opts = replace(MeasureOptions.from_settings(s, target), num_threads=threads)
     req = TuneRequest(workload=wl, target=target, trials=trials, space=space,
                       batch_size=s.batch_size, seed=seed, fresh=True, options=opts)
     resolved = resolve_space(wl, target, space)

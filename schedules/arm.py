@@ -47,14 +47,19 @@ AArch64 gcc are installed, the AArch64 kernels themselves (usdot included) run u
 
 from __future__ import annotations
 
+from abc import abstractmethod
 from typing import Any
 
 from schedules.base import Template, finish_register_tile
 from schedules.intrinsics import USDOT_LOCAL_INTRIN, use
-from schedules.registry import register
+from schedules.knobs import Categorical, PerfectTile, knob_table
+from tuner.workloads import Workload
 
 LANES = 4  # fp32 / int32 lanes of a 128-bit NEON register
 DOT_K = 4  # bytes per lane that one usdot reduces
+UNROLL = Categorical((0, 16, 64), probs=(0.2, 0.4, 0.4),
+                     doc="explicit unroll depth (meta_schedule.unroll_explicit)")
+
 
 def is_aarch64(target: Any) -> bool:
     triple = str(target.attrs.get("mtriple", "") or "")
@@ -67,12 +72,6 @@ def has_feature(target: Any, feature: str) -> bool:
     return bool(tvm_ffi.get_global_func("target.llvm_cpu_has_feature")(feature, target))
 
 
-def _unroll_knob(sch: Any) -> None:
-    root = sch.get_sblock("root")
-    unroll = sch.sample_categorical(candidates=[0, 16, 64], probs=[0.2, 0.4, 0.4])
-    sch.annotate(root, "meta_schedule.unroll_explicit", unroll)
-
-
 def _pack_weight(sch: Any, blk: Any, index_map: Any) -> None:
     """Read the weight (read buffer 1) through a packed copy in a layout-rewrite block."""
     packed = sch.cache_read(blk, 1, "global")
@@ -80,97 +79,103 @@ def _pack_weight(sch: Any, blk: Any, index_map: Any) -> None:
     sch.annotate(packed, "meta_schedule.layout_rewrite_preproc", True)
 
 
-@register
-class DenseNeonAarch64(Template):
+class _NeonGemm(Template):
+    """The register-blocked micro-kernel both AArch64 templates share: the weight packed (by the
+    template's `_pack`), then M into [parallel, middle, mr], N/4 into [parallel, middle, nv], the
+    reduction into [outer, unrolled], the outer tiles fused and parallel."""
+
+    @abstractmethod
+    def _pack(self, sch: Any, blk: Any, workload: Workload) -> None:
+        """Read the weight of `blk` through its packed copy (`_pack_weight`)."""
+
+    def _sample_unroll(self, sch: Any) -> None:
+        sch.annotate(sch.get_sblock("root"), "meta_schedule.unroll_explicit",
+                     self.sample(sch, "unroll"))
+
+    def _micro_kernel(self, sch: Any, workload: Workload, *, dot: bool) -> Any:
+        """The loop nest; `dot`: K split by DOT_K first (the usdot lanes, returned innermost)."""
+        (blk,) = sch.get_child_blocks(sch.get_sblock("root"))
+        self._pack(sch, blk, workload)
+        self._sample_unroll(sch)
+        i, j, k = sch.get_loops(blk)
+        i0, i1, i2 = self.split(sch, "tile_m", i)
+        jo, jl = sch.split(j, [None, LANES])
+        j0, j1, j2 = self.split(sch, "tile_n", jo)
+        if dot:
+            ko, k4 = sch.split(k, [None, DOT_K])
+            k0, k1 = self.split(sch, "tile_k", ko)
+            sch.reorder(i0, j0, i1, j1, k0, k1, i2, j2, jl, k4)
+        else:
+            k0, k1 = self.split(sch, "tile_k", k)
+            sch.reorder(i0, j0, i1, j1, k0, k1, i2, j2, jl)
+        finish_register_tile(sch, blk, parallel=[i0, j0], acc_at=j1, unrolled=[k1, i2, j2],
+                             vector=None if dot else jl, k0=k0, lanes=LANES)
+        return jl
+
+
+# the M split both AArch64 GEMM micro-kernels share
+TILE_M = PerfectTile(3, max_innermost=8,
+                     doc="M split into [parallel, middle, mr]; mr rows per micro-kernel")
+
+
+class DenseNeonAarch64(_NeonGemm):
     name = "dense-neon-aarch64"
     ops = ("dense", "matmul")
     description = ("AArch64 NEON fp32 micro-kernel: mr x nv*4 accumulators in q registers "
                    "(fmla .4s), weight packed in [N/4, K, 4] panels at compile time, "
                    "parallel outer tiles")
+    KNOBS = knob_table(
+        tile_m=TILE_M,
+        tile_n=PerfectTile(3, max_innermost=4, of="N/4",
+                           doc="N/4 vectors split into [parallel, middle, nv]; nv q registers "
+                               "per row"),
+        tile_k=PerfectTile(2, max_innermost=8, doc="K split into [outer, unrolled inner]"),
+        unroll=UNROLL,
+    )
 
-    def applies(self, workload: Any, target: Any) -> bool:
+    def applies(self, workload: Workload, target: Any) -> bool:
         spec = workload.spec
         return (workload.op in self.ops and spec.get("dtype") == "float32"
                 and is_aarch64(target) and has_feature(target, "neon")
                 and spec["shape"][1] % LANES == 0)
 
-    def knobs(self, workload: Any | None = None) -> dict[str, dict[str, Any]]:
-        return {
-            "tile_m": {"kind": "perfect_tile", "parts": 3, "max_innermost": 8,
-                       "doc": "M split into [parallel, middle, mr]; mr rows per micro-kernel"},
-            "tile_n": {"kind": "perfect_tile", "parts": 3, "max_innermost": 4, "of": "N/4",
-                       "doc": "N/4 vectors split into [parallel, middle, nv]; nv q registers "
-                              "per row"},
-            "tile_k": {"kind": "perfect_tile", "parts": 2, "max_innermost": 8,
-                       "doc": "K split into [outer, unrolled inner]"},
-            "unroll": {"kind": "categorical", "choices": [0, 16, 64],
-                       "doc": "explicit unroll depth (meta_schedule.unroll_explicit)"},
-        }
-
-    def apply(self, sch: Any, workload: Any, target: Any) -> None:
-        (blk,) = sch.get_child_blocks(sch.get_sblock("root"))
+    def _pack(self, sch: Any, blk: Any, workload: Workload) -> None:
         if workload.op == "matmul":  # B[K, N]
             _pack_weight(sch, blk, lambda k, j: (j // LANES, k, j % LANES))
         else:  # W[N, K]
             _pack_weight(sch, blk, lambda j, k: (j // LANES, k, j % LANES))
-        _unroll_knob(sch)
-        i, j, k = sch.get_loops(blk)
-        i0, i1, i2 = sch.split(i, sch.sample_perfect_tile(i, n=3, max_innermost_factor=8))
-        jo, jl = sch.split(j, [None, LANES])
-        j0, j1, j2 = sch.split(jo, sch.sample_perfect_tile(jo, n=3, max_innermost_factor=4))
-        k0, k1 = sch.split(k, sch.sample_perfect_tile(k, n=2, max_innermost_factor=8))
-        sch.reorder(i0, j0, i1, j1, k0, k1, i2, j2, jl)
-        finish_register_tile(sch, blk, parallel=[i0, j0], acc_at=j1, unrolled=[k1, i2, j2],
-                             vector=jl, k0=k0, lanes=LANES)
+
+    def schedule(self, sch: Any, workload: Workload, target: Any) -> None:
+        self._micro_kernel(sch, workload, dot=False)
 
 
-def schedule_dense_int8(sch: Any, tensorize: bool = True) -> None:
-    """The `dense-int8-sdot-aarch64` schedule. `tensorize=False` leaves the 4x4 dot product as
-    scalar loops (same packing, tiling and loop order): that variant runs on any CPU, which is how
-    the tests check the indexing on x86."""
-    (blk,) = sch.get_child_blocks(sch.get_sblock("root"))
-    _pack_weight(sch, blk, lambda j, k: (j // LANES, k // DOT_K, j % LANES, k % DOT_K))
-    _unroll_knob(sch)
-    i, j, k = sch.get_loops(blk)
-    i0, i1, i2 = sch.split(i, sch.sample_perfect_tile(i, n=3, max_innermost_factor=8))
-    jo, j4 = sch.split(j, [None, LANES])
-    j0, j1, j2 = sch.split(jo, sch.sample_perfect_tile(jo, n=3, max_innermost_factor=4))
-    ko, k4 = sch.split(k, [None, DOT_K])
-    k0, k1 = sch.split(ko, sch.sample_perfect_tile(ko, n=2, max_innermost_factor=8))
-    sch.reorder(i0, j0, i1, j1, k0, k1, i2, j2, j4, k4)
-    finish_register_tile(sch, blk, parallel=[i0, j0], acc_at=j1, unrolled=[k1, i2, j2],
-                         vector=None, k0=k0, lanes=LANES)
-    if tensorize:
-        sch.tensorize(j4, use(USDOT_LOCAL_INTRIN))
-
-
-@register
-class DenseInt8SdotAarch64(Template):
+class DenseInt8SdotAarch64(_NeonGemm):
     name = "dense-int8-sdot-aarch64"
     ops = ("dense_int8",)
     description = ("AArch64 uint8 x int8 -> int32 dense tensorized with usdot (FEAT_I8MM, the "
                    "exact mixed-sign member of the SDOT family): mr x nv int32x4 accumulators, "
                    "weight packed in [N/4, K/4, 4, 4] tiles at compile time; needs +i8mm")
+    KNOBS = knob_table(
+        tile_m=TILE_M,
+        tile_n=PerfectTile(3, max_innermost=4, of="N/4",
+                           doc="N/4 column groups split into [parallel, middle, nv]; nv "
+                               "int32x4 accumulators per row"),
+        tile_k=PerfectTile(2, max_innermost=8, of="K/4",
+                           doc="K/4 usdot steps split into [outer, unrolled inner]"),
+        unroll=UNROLL,
+    )
 
-    def applies(self, workload: Any, target: Any) -> bool:
+    def applies(self, workload: Workload, target: Any) -> bool:
         if workload.op not in self.ops:
             return False
         _, n, k = workload.spec["shape"]
         return (is_aarch64(target) and has_feature(target, "i8mm")
                 and n % LANES == 0 and k % DOT_K == 0)
 
-    def knobs(self, workload: Any | None = None) -> dict[str, dict[str, Any]]:
-        return {
-            "tile_m": {"kind": "perfect_tile", "parts": 3, "max_innermost": 8,
-                       "doc": "M split into [parallel, middle, mr]; mr rows per micro-kernel"},
-            "tile_n": {"kind": "perfect_tile", "parts": 3, "max_innermost": 4, "of": "N/4",
-                       "doc": "N/4 column groups split into [parallel, middle, nv]; nv int32x4 "
-                              "accumulators per row"},
-            "tile_k": {"kind": "perfect_tile", "parts": 2, "max_innermost": 8, "of": "K/4",
-                       "doc": "K/4 usdot steps split into [outer, unrolled inner]"},
-            "unroll": {"kind": "categorical", "choices": [0, 16, 64],
-                       "doc": "explicit unroll depth (meta_schedule.unroll_explicit)"},
-        }
+    def _pack(self, sch: Any, blk: Any, workload: Workload) -> None:
+        _pack_weight(sch, blk, lambda j, k: (j // LANES, k // DOT_K, j % LANES, k % DOT_K))
 
-    def apply(self, sch: Any, workload: Any, target: Any) -> None:
-        schedule_dense_int8(sch, tensorize=True)
+    def schedule(self, sch: Any, workload: Workload, target: Any) -> None:
+        # the 4x4 dot product (j4, k4) tensorized with usdot; without this step the same loop
+        # nest runs on any CPU (how tests/schedules/test_cross.py checks its indexing on x86)
+        sch.tensorize(self._micro_kernel(sch, workload, dot=True), use(USDOT_LOCAL_INTRIN))

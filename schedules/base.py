@@ -4,14 +4,32 @@ configuration; the trace JSON is what the database stores and what any worker re
 
 A template becomes a MetaSchedule `ScheduleFn` space: the evolutionary search samples its knobs,
 mutates the tile decisions, and the same postprocessors as the generated space finish the program.
+
+Each knob is declared once, in the template's `KNOBS` table (schedules/knobs.py): `schedule`
+samples from it and `knobs()` renders it. A template module imports this module (and the knob
+records, the intrinsics, `tuner.tvm_api`), never the registry: the one list of templates is
+`schedules/families.py`.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Any
+from collections.abc import Mapping
+from itertools import product
+from typing import Any, ClassVar
 
+from schedules.knobs import (
+    Categorical,
+    DesignSpace,
+    Fixed,
+    Knob,
+    PerfectTile,
+    RegisterTile,
+    knob_table,
+    uniform,
+)
 from tuner.tvm_api import ms
+from tuner.workloads import Workload
 
 
 def cpu_postprocs(*, tensorize: bool = False) -> list[Any]:
@@ -67,12 +85,19 @@ def finish_register_tile(sch: Any, blk: Any, *, parallel: list[Any], acc_at: Any
 
 
 class Template(ABC):
-    """One family of expert schedules. Subclasses set `name`, `ops`, `description`."""
+    """One family of expert schedules. Subclasses set `name`, `ops`, `description` and `KNOBS`
+    (every knob, declared once: schedules/knobs.py) and implement `schedule`, which samples each
+    knob through `sample` / `split` (never with literal candidates of its own).
+
+    Several design spaces are made one way only: `design_variants` (by default every combination
+    of the `DesignSpace` knobs, in table order, the first knob outermost) lists the keyword
+    arguments of `schedule` that make each one, and `apply` / `space` schedule one copy each."""
 
     name: str = ""
     ops: tuple[str, ...] = ()
     description: str = ""
     tensorize: bool = False
+    KNOBS: ClassVar[Mapping[str, Knob]] = knob_table()
     # evolutionary search, run once per batch: each generation replays and scores (extracts the
     # features of) the whole population, the search's main cost. A template space is small next
     # to MetaSchedule's generated one (512 x 4): a smaller population evolved for two generations
@@ -80,18 +105,86 @@ class Template(ABC):
     population_size: int = 128
     genetic_iters: int = 2
 
-    def applies(self, workload: Any, target: Any) -> bool:
+    def applies(self, workload: Workload, target: Any) -> bool:
         return workload.op in self.ops and is_x86(target)
 
     @abstractmethod
-    def apply(self, sch: Any, workload: Any, target: Any) -> Any:
-        """Schedule `sch` (a fresh Schedule of `workload.mod()`), sampling every knob. Return None
-        (`sch` is the design space) or a list of schedules (several design spaces: structural
-        choices such as loop orders, which replay cannot change, are separate spaces)."""
+    def schedule(self, sch: Any, workload: Workload, target: Any, *args: Any,
+                 **variant: Any) -> None:
+        """Schedule `sch` (a fresh Schedule of `workload.mod()`) in place as ONE design space,
+        sampling every knob; `variant` is one entry of `design_variants(workload)`, passed by
+        keyword (`*args` is never passed: it lets a subclass name its variant's keywords)."""
 
-    @abstractmethod
-    def knobs(self, workload: Any | None = None) -> dict[str, dict[str, Any]]:
-        """Each knob: {"kind": "perfect_tile"|"categorical", "doc": ..., plus its range}."""
+    # --- the knob table -------------------------------------------------------------------------
+
+    def sample(self, sch: Any, name: str, *, extent: int | None = None) -> Any:
+        """Sample the categorical knob `name` (one `SampleCategorical`): its declared choices and
+        probabilities, or, for a knob with a `fits` rule, those that fit `extent`."""
+        knob = self.KNOBS[name]
+        assert isinstance(knob, Categorical), f"{self.name}: {name} is not categorical"
+        assert knob.fits is None or extent is not None, f"{self.name}: {name} needs an extent"
+        cands, probs = knob.distribution(extent)
+        return sch.sample_categorical(candidates=cands, probs=probs)
+
+    def tile(self, sch: Any, name: str, loop: Any) -> list[Any]:
+        """The decisions (one `SamplePerfectTile`) of the perfect-tile knob `name` over `loop`."""
+        knob = self.KNOBS[name]
+        assert isinstance(knob, PerfectTile), f"{self.name}: {name} is not a perfect tile"
+        inner = knob.max_innermost
+        if inner is None:
+            inner = int(sch.get(loop).extent)
+        return list(sch.sample_perfect_tile(loop, n=knob.parts, max_innermost_factor=inner))
+
+    def split(self, sch: Any, name: str, loop: Any) -> list[Any]:
+        """`loop` split by the knob `name`: a perfect tile, or [outer, inner] for a register tile
+        (its inner extent one `SampleCategorical` among the choices for the loop's extent)."""
+        knob = self.KNOBS[name]
+        if isinstance(knob, RegisterTile):
+            cands = knob.choices(int(sch.get(loop).extent))
+            v = sch.sample_categorical(candidates=cands, probs=uniform(len(cands)))
+            return list(sch.split(loop, [None, v]))
+        return list(sch.split(loop, self.tile(sch, name, loop)))
+
+    def knob_extents(self, workload: Workload) -> dict[str, int]:
+        """The extents a knob's values depend on, for `workload` (rendered by `knobs`)."""
+        return {}
+
+    def knobs(self, workload: Workload | None = None) -> dict[str, dict[str, Any]]:
+        """The knob table as JSON; with a workload, the values that apply to it."""
+        extents = {} if workload is None else self.knob_extents(workload)
+        variants = None if workload is None else self.design_variants(workload)
+        out: dict[str, dict[str, Any]] = {}
+        for name, knob in self.KNOBS.items():
+            if isinstance(knob, DesignSpace):
+                out[name] = knob.render(None if variants is None else
+                                        list(dict.fromkeys(v[name] for v in variants)))
+            elif isinstance(knob, Fixed):
+                out[name] = knob.render()
+            else:
+                out[name] = knob.render(extents.get(name))
+        return out
+
+    # --- design spaces --------------------------------------------------------------------------
+
+    def design_variants(self, workload: Workload) -> list[dict[str, Any]]:
+        """Keyword arguments of `schedule` that each make one design space (structural choices
+        replay cannot change): every combination of the `DesignSpace` knobs; [{}] without any."""
+        spaces = {n: k.choices for n, k in self.KNOBS.items() if isinstance(k, DesignSpace)}
+        return [dict(zip(spaces, combo, strict=True)) for combo in product(*spaces.values())]
+
+    def apply(self, sch: Any, workload: Workload, target: Any, **variant: Any) -> list[Any]:
+        """The design spaces of `workload` scheduled from `sch` (a fresh Schedule of
+        `workload.mod()`), one per `design_variants(workload)` entry, in that order: the first is
+        `sch` itself, scheduled in place, the others copies of it. With `variant` (one entry's
+        keyword arguments): that design space alone, in `sch`."""
+        if variant:
+            self.schedule(sch, workload, target, **variant)
+            return [sch]
+        variants = self.design_variants(workload)
+        spaces = [sch, *(sch.copy() for _ in variants[1:])]
+        for s, kw in zip(spaces, variants, strict=True):
+            self.schedule(s, workload, target, **kw)
+        return spaces
 
     def postprocs(self, target: Any) -> list[Any]:
         return cpu_postprocs(tensorize=self.tensorize)
@@ -99,27 +192,13 @@ class Template(ABC):
     def mutators(self, target: Any) -> dict[Any, float]:
         return cpu_mutators()
 
-    def design_variants(self) -> list[dict[str, Any]]:
-        """Keyword arguments of `apply` that each make one design space (structural choices
-        replay cannot change); empty: `apply` alone makes the space(s)."""
-        return []
-
-    def space(self, workload: Any, target: Any) -> Any:
-        variants = self.design_variants()
-
-        def sch_fn(sch: Any) -> Any:
-            if not variants:
-                return self.apply(sch, workload, target)
-            spaces = []
-            for kw in variants:
-                s = sch.copy()
-                self.apply(s, workload, target, **kw)
-                spaces.append(s)
-            return spaces
+    def space(self, workload: Workload, target: Any) -> Any:
+        def sch_fn(sch: Any) -> list[Any]:
+            return self.apply(sch, workload, target)
 
         return ms.space_generator.ScheduleFn(sch_fn, sch_rules=[], postprocs=self.postprocs(target),
                                              mutator_probs=self.mutators(target))
 
-    def describe(self, workload: Any | None = None) -> dict[str, Any]:
+    def describe(self, workload: Workload | None = None) -> dict[str, Any]:
         return {"name": self.name, "kind": "template", "ops": list(self.ops),
                 "description": self.description, "knobs": self.knobs(workload)}

@@ -42,15 +42,16 @@ import math
 from typing import Any
 
 from schedules.base import Template
-from schedules.registry import register
+from schedules.knobs import Categorical, PerfectTile, knob_table
 from tuner.tvm_api import load_tensor_intrins, ms
+from tuner.workloads import Workload
 
 FRAG = 16  # wmma m16n16k16
 MAX_FRAGS = 4  # fragments per warp along M or N
 MAX_KF = 2  # 16-wide k slices per shared-memory stage
 WARP_CHOICES = (1, 2, 4)
-VECTOR_CHOICES = [1, 2, 4, 8]  # fp16 lanes: 8 = 16 bytes
-UNROLL_CHOICES = [0, 16, 64, 512]
+VECTOR_CHOICES = (1, 2, 4, 8)  # fp16 lanes: 8 = 16 bytes
+UNROLL_CHOICES = (0, 16, 64, 512)
 
 LOAD_A = "wmma_load_16x16x16_f16_a_shared"
 LOAD_B = "wmma_load_16x16x16_f16_b_trans_shared"
@@ -75,47 +76,45 @@ def warp_choices(tiles: int) -> list[int]:
     return [w for w in WARP_CHOICES if (tiles // lcm) % w == 0]
 
 
-def _uniform(n: int) -> list[float]:
-    return [1.0 / n] * n
+def fits_warps(warps: int, tiles: int) -> bool:
+    """A `Categorical.fits` rule: `warps` along an axis of `tiles` fragments fits every frag
+    choice (see `warp_choices`)."""
+    return warps in warp_choices(tiles)
 
 
-@register
 class DenseWmmaCuda(Template):
     name = "dense-wmma-cuda"
     ops = ("dense",)
     description = ("CUDA tensor cores (sm_70+): fp16 dense with wmma 16x16x16 fragments "
                    "(fp16 accumulation), shared-memory staging, warp/block tiling")
+    KNOBS = knob_table(
+        warps_m=Categorical(WARP_CHOICES, fits=fits_warps,
+                            doc="warps per block along M (threadIdx.y = warps_m * warps_n); "
+                                "values that divide (M/16)/lcm(frag choices)"),
+        warps_n=Categorical(WARP_CHOICES, fits=fits_warps, doc="warps per block along N"),
+        frags_m=PerfectTile(2, max_innermost=MAX_FRAGS, of="M/16",
+                            doc="16x16 accumulator fragments per warp along M"),
+        frags_n=PerfectTile(2, max_innermost=MAX_FRAGS, of="N/16",
+                            doc="16x16 accumulator fragments per warp along N"),
+        tile_k=PerfectTile(2, max_innermost=MAX_KF, of="K/16",
+                           doc="K/16 into [outer, kf]; kf*16 k per shared-memory stage"),
+        vector_a=Categorical(VECTOR_CHOICES,
+                             doc="fp16 lanes per thread staging X into shared memory"),
+        vector_b=Categorical(VECTOR_CHOICES,
+                             doc="fp16 lanes per thread staging W into shared memory"),
+        unroll=Categorical(UNROLL_CHOICES,
+                           doc="explicit unroll depth (meta_schedule.unroll_explicit)"),
+    )
 
-    def applies(self, workload: Any, target: Any) -> bool:
+    def applies(self, workload: Workload, target: Any) -> bool:
         spec = workload.spec
         return (workload.op in self.ops and spec.get("dtype") == "float16"
                 and target.kind.name == "cuda" and cuda_arch(target) >= 70
                 and all(d % FRAG == 0 for d in spec["shape"]))
 
-    def knobs(self, workload: Any | None = None) -> dict[str, dict[str, Any]]:
-        choices_m = choices_n = list(WARP_CHOICES)
-        if workload is not None:  # the values that fit this workload
-            m, n, _ = workload.spec["shape"]
-            choices_m, choices_n = warp_choices(m // FRAG), warp_choices(n // FRAG)
-        return {
-            "warps_m": {"kind": "categorical", "choices": choices_m,
-                        "doc": "warps per block along M (threadIdx.y = warps_m * warps_n); "
-                               "values that divide (M/16)/lcm(frag choices)"},
-            "warps_n": {"kind": "categorical", "choices": choices_n,
-                        "doc": "warps per block along N"},
-            "frags_m": {"kind": "perfect_tile", "parts": 2, "max_innermost": MAX_FRAGS,
-                        "of": "M/16", "doc": "16x16 accumulator fragments per warp along M"},
-            "frags_n": {"kind": "perfect_tile", "parts": 2, "max_innermost": MAX_FRAGS,
-                        "of": "N/16", "doc": "16x16 accumulator fragments per warp along N"},
-            "tile_k": {"kind": "perfect_tile", "parts": 2, "max_innermost": MAX_KF, "of": "K/16",
-                       "doc": "K/16 into [outer, kf]; kf*16 k per shared-memory stage"},
-            "vector_a": {"kind": "categorical", "choices": VECTOR_CHOICES,
-                         "doc": "fp16 lanes per thread staging X into shared memory"},
-            "vector_b": {"kind": "categorical", "choices": VECTOR_CHOICES,
-                         "doc": "fp16 lanes per thread staging W into shared memory"},
-            "unroll": {"kind": "categorical", "choices": UNROLL_CHOICES,
-                       "doc": "explicit unroll depth (meta_schedule.unroll_explicit)"},
-        }
+    def knob_extents(self, workload: Workload) -> dict[str, int]:
+        m, n, _ = workload.spec["shape"]
+        return {"warps_m": m // FRAG, "warps_n": n // FRAG}
 
     def postprocs(self, target: Any) -> list[Any]:
         procs = [ms.postproc.DisallowDynamicLoop(), ms.postproc.RewriteCooperativeFetch(),
@@ -133,27 +132,24 @@ class DenseWmmaCuda(Template):
     def mutators(self, target: Any) -> dict[Any, float]:
         return {ms.mutator.MutateTileSize(): 0.9, ms.mutator.MutateUnroll(): 0.1}
 
-    def apply(self, sch: Any, workload: Any, target: Any) -> None:
+    def schedule(self, sch: Any, workload: Workload, target: Any) -> None:
         load_tensor_intrins("cuda")  # registers the wmma_* intrinsics
         m, n, _ = workload.spec["shape"]
         root = sch.get_sblock("root")
         (blk,) = sch.get_child_blocks(root)
-        unroll = sch.sample_categorical(candidates=UNROLL_CHOICES,
-                                        probs=_uniform(len(UNROLL_CHOICES)))
-        sch.annotate(root, "meta_schedule.unroll_explicit", unroll)
+        sch.annotate(root, "meta_schedule.unroll_explicit", self.sample(sch, "unroll"))
 
         i, j, k = sch.get_loops(blk)
         i_o, i_t = sch.split(i, [None, FRAG])
         j_o, j_t = sch.split(j, [None, FRAG])
         k_o, k_t = sch.split(k, [None, FRAG])
         tiles = []
-        for loop, extent in ((i_o, m // FRAG), (j_o, n // FRAG)):
-            choices = warp_choices(extent)
-            warps = sch.sample_categorical(candidates=choices, probs=_uniform(len(choices)))
-            frags = sch.sample_perfect_tile(loop, n=2, max_innermost_factor=MAX_FRAGS)[1]
+        for axis, loop, extent in (("m", i_o, m // FRAG), ("n", j_o, n // FRAG)):
+            warps = self.sample(sch, f"warps_{axis}", extent=extent)
+            frags = self.tile(sch, f"frags_{axis}", loop)[1]
             tiles.append(sch.split(loop, [None, warps, frags]))  # [block, warp, frag]
         (i_b, i_w, i_f), (j_b, j_w, j_f) = tiles
-        k0, k1 = sch.split(k_o, sch.sample_perfect_tile(k_o, n=2, max_innermost_factor=MAX_KF))
+        k0, k1 = self.split(sch, "tile_k", k_o)
         sch.reorder(i_b, j_b, i_w, j_w, k0, k1, i_f, j_f, i_t, j_t, k_t)
         sch.bind(i_b, "blockIdx.y")
         sch.bind(j_b, "blockIdx.x")
@@ -174,13 +170,11 @@ class DenseWmmaCuda(Template):
             _, rows_t = sch.split(rows, [None, FRAG])
             sch.tensorize(rows_t, intrin)
 
-        for stage in (a_shared, b_shared):
+        for stage, knob in ((a_shared, "vector_a"), (b_shared, "vector_b")):
             sch.compute_at(stage, k0)
             sch.storage_align(stage, 0, axis=-2, factor=32, offset=8)
             sch.fuse(*sch.get_loops(stage)[-2:])
-            vec = sch.sample_categorical(candidates=VECTOR_CHOICES,
-                                         probs=_uniform(len(VECTOR_CHOICES)))
-            sch.annotate(stage, "meta_schedule.cooperative_fetch", vec)
+            sch.annotate(stage, "meta_schedule.cooperative_fetch", self.sample(sch, knob))
         init = sch.decompose_reduction(blk, k0)
         sch.tensorize(sch.get_loops(init)[-2], FILL)
         sch.tensorize(i_t, SYNC)

@@ -22,42 +22,44 @@ from __future__ import annotations
 from typing import Any
 
 from schedules.base import Template, finish_register_tile, is_x86
-from schedules.registry import register
+from schedules.knobs import Categorical, DesignSpace, PerfectTile, divides, knob_table
+from tuner.workloads import Workload
 
 LANES = 16  # fp32 lanes of a zmm register
 
 
-@register
 class GemmX86(Template):
     name = "gemm-x86"
     ops = ("matmul", "dense", "batch_matmul")
     description = ("register-blocked AVX-512 micro-kernel (mr x nv*16 accumulators), weight packed "
                    "in [N/16, K, 16] panels at compile time, parallel outer tiles")
+    KNOBS = knob_table(
+        # mr rows x nv vectors of accumulators: 4x4, 8x2, 4x3, ... fit the 32 zmm registers
+        mr=Categorical((4, 8, 6, 2), probs=(0.45, 0.3, 0.1, 0.15), fits=divides, fallback=1,
+                       doc="rows per micro-kernel (those dividing M)"),
+        nv=Categorical((4, 2, 3, 1), probs=(0.35, 0.35, 0.15, 0.15), fits=divides, fallback=1,
+                       doc="16-lane vectors per row of the micro-kernel (those dividing N/16)"),
+        tile_m=PerfectTile(2, max_innermost=64, of="M/mr",
+                           doc="M/mr split into [parallel, middle]"),
+        tile_n=PerfectTile(2, max_innermost=64, of="N/16/nv",
+                           doc="N/(16 nv) split into [parallel, middle]"),
+        unroll_k=Categorical((4, 8, 2, 16), probs=(0.4, 0.3, 0.2, 0.1), fits=divides, fallback=1,
+                             doc="K steps unrolled inside the micro-kernel (those dividing K)"),
+        order=DesignSpace(("m-outer", "n-outer"), doc="order of the middle M and N loops"),
+        unroll=Categorical((0, 16, 64), probs=(0.2, 0.4, 0.4),
+                           doc="explicit unroll depth (meta_schedule.unroll_explicit)"),
+    )
 
-    def applies(self, workload: Any, target: Any) -> bool:
+    def applies(self, workload: Workload, target: Any) -> bool:
         spec = workload.spec
         return (workload.op in self.ops and is_x86(target) and spec.get("dtype") == "float32"
                 and spec["shape"][-2] % LANES == 0)
 
-    def knobs(self, workload: Any | None = None) -> dict[str, dict[str, Any]]:
-        return {
-            "mr": {"kind": "categorical", "choices": [4, 8, 6, 2],
-                   "doc": "rows per micro-kernel (those dividing M)"},
-            "nv": {"kind": "categorical", "choices": [4, 2, 3, 1],
-                   "doc": "16-lane vectors per row of the micro-kernel (those dividing N/16)"},
-            "tile_m": {"kind": "perfect_tile", "parts": 2, "max_innermost": 64, "of": "M/mr",
-                       "doc": "M/mr split into [parallel, middle]"},
-            "tile_n": {"kind": "perfect_tile", "parts": 2, "max_innermost": 64, "of": "N/16/nv",
-                       "doc": "N/(16 nv) split into [parallel, middle]"},
-            "unroll_k": {"kind": "categorical", "choices": [4, 8, 2, 16],
-                         "doc": "K steps unrolled inside the micro-kernel (those dividing K)"},
-            "order": {"kind": "design_space", "choices": ["m-outer", "n-outer"],
-                      "doc": "order of the middle M and N loops"},
-            "unroll": {"kind": "categorical", "choices": [0, 16, 64],
-                       "doc": "explicit unroll depth (meta_schedule.unroll_explicit)"},
-        }
+    def knob_extents(self, workload: Workload) -> dict[str, int]:
+        *_, m, n, k = workload.spec["shape"]
+        return {"mr": m, "nv": n // LANES, "unroll_k": k}
 
-    def apply(self, sch: Any, workload: Any, target: Any) -> list[Any]:
+    def schedule(self, sch: Any, workload: Workload, target: Any, *, order: str) -> None:
         root = sch.get_sblock("root")
         (blk,) = sch.get_child_blocks(root)
         packed = sch.cache_read(blk, 1, "global")
@@ -68,36 +70,19 @@ class GemmX86(Template):
         else:  # B[b, N, K]
             sch.transform_layout(blk, ("read", 1), lambda b, j, k: (b, j // LANES, k, j % LANES))
         sch.annotate(packed, "meta_schedule.layout_rewrite_preproc", True)
-        unroll = sch.sample_categorical(candidates=[0, 16, 64], probs=[0.2, 0.4, 0.4])
-        sch.annotate(root, "meta_schedule.unroll_explicit", unroll)
-        spaces = []
-        for order in ("m-outer", "n-outer"):
-            s = sch.copy()
-            self._tile(s, s.get_child_blocks(s.get_sblock("root"))[-1], order)
-            spaces.append(s)
-        return spaces
-
-    @staticmethod
-    def _micro(sch: Any, loop: Any, extent: int, prefs: list[tuple[int, float]]) -> Any:
-        """Sample a micro-kernel size among the preferred sizes that divide `extent`."""
-        cands = [(v, p) for v, p in prefs if extent % v == 0] or [(1, 1.0)]
-        total = sum(p for _, p in cands)
-        return sch.sample_categorical(candidates=[v for v, _ in cands],
-                                      probs=[p / total for _, p in cands])
-
-    def _tile(self, sch: Any, blk: Any, order: str) -> None:
+        sch.annotate(root, "meta_schedule.unroll_explicit", self.sample(sch, "unroll"))
+        # the compute block looked up again: stored traces have these two instructions here
+        blk = sch.get_child_blocks(sch.get_sblock("root"))[-1]
         *batch, i, j, k = sch.get_loops(blk)
         m, n16 = int(sch.get(i).extent), int(sch.get(j).extent) // LANES
-        # mr rows x nv vectors of accumulators: 4x4, 8x2, 4x3, ... fit the 32 zmm registers
-        mr = self._micro(sch, i, m, [(4, 0.45), (8, 0.3), (6, 0.1), (2, 0.15)])
-        nv = self._micro(sch, j, n16, [(4, 0.35), (2, 0.35), (3, 0.15), (1, 0.15)])
+        mr = self.sample(sch, "mr", extent=m)
+        nv = self.sample(sch, "nv", extent=n16)
         i_rest, i2 = sch.split(i, [None, mr])
-        i0, i1 = sch.split(i_rest, sch.sample_perfect_tile(i_rest, n=2, max_innermost_factor=64))
+        i0, i1 = self.split(sch, "tile_m", i_rest)
         jo, jl = sch.split(j, [None, LANES])
         j_rest, j2 = sch.split(jo, [None, nv])
-        j0, j1 = sch.split(j_rest, sch.sample_perfect_tile(j_rest, n=2, max_innermost_factor=64))
-        kk = int(sch.get(k).extent)
-        k0, k1 = sch.split(k, [None, self._micro(sch, k, kk, [(4, 0.4), (8, 0.3), (2, 0.2), (16, 0.1)])])
+        j0, j1 = self.split(sch, "tile_n", j_rest)
+        k0, k1 = sch.split(k, [None, self.sample(sch, "unroll_k", extent=int(sch.get(k).extent))])
         middle = [i1, j1] if order == "m-outer" else [j1, i1]
         sch.reorder(*batch, i0, j0, *middle, k0, k1, i2, j2, jl)
         finish_register_tile(sch, blk, parallel=[*batch, i0, j0], acc_at=middle[-1],

@@ -39,15 +39,16 @@ from typing import Any
 
 from schedules.base import Template, cpu_postprocs
 from schedules.intrinsics import VNNI_16x4_LLVM22, use
-from schedules.registry import register
+from schedules.knobs import Categorical, DesignSpace, Fixed, PerfectTile, knob_table
 from tuner.tvm_api import derived_object, ms
+from tuner.workloads import Workload
 
 LANES = 16  # int32 accumulators per zmm register
 GROUP = 4  # u8 x i8 products summed per lane by vpdpbusd
 MAX_ROWS = 8  # rows of the micro-kernel
 MAX_VECS = 8  # 16-lane accumulators per row
-PARALLEL = [2, 4, 8, 16, 64, 256]  # max extent of the fused parallel loop (2 cores)
-UNROLL = [0, 16, 64, 512]  # pragma_auto_unroll_max_step on the outer loops
+PARALLEL = (2, 4, 8, 16, 64, 256)  # max extent of the fused parallel loop (2 cores)
+UNROLL = (0, 16, 64, 512)  # pragma_auto_unroll_max_step on the outer loops
 ORDERS = ("ij", "ji")  # order of the cache-block loops; one design space each
 PACKED = "packed weight Wp[N/16, K/4, 16, 4]"
 ZMM_REGISTERS = 32  # AVX-512: accumulators (rows x vectors) + one weight tile per vector
@@ -74,7 +75,7 @@ class RegisterBudget(ms.postproc.PyPostproc):
     """Rejects a sampled micro-kernel whose live zmm registers (rows x vectors accumulators plus
     the `vectors` weight tiles of a k step) exceed the register file: such kernels spill (4 x 8
     measured 2.5x slower than 4 x 6). Reads the first two perfect-tile decisions of the trace
-    (rows, then vectors: the order `DenseInt8VNNI.apply` samples them in); adds no instruction,
+    (rows, then vectors: the order `DenseInt8VNNI.schedule` samples them in); adds no instruction,
     so records replay without it."""
 
     def __init__(self, registers: int = ZMM_REGISTERS) -> None:
@@ -97,7 +98,6 @@ class RegisterBudget(ms.postproc.PyPostproc):
         return RegisterBudget(self.registers)
 
 
-@register
 class DenseInt8VNNI(Template):
     name = "dense-int8-vnni"
     ops = ("dense_int8",)
@@ -107,57 +107,48 @@ class DenseInt8VNNI(Template):
                    f"({VNNI_16x4_LLVM22}), k blocking, parallel outer tiles. Needs N % 16 == 0 "
                    "and K % 4 == 0.")
     tensorize = True  # RewriteTensorize tensorizes the blockized 16x4 update, vectorizes the init
+    KNOBS = knob_table(
+        # sampled in this order: RegisterBudget reads the first two perfect tiles as (rows, vectors)
+        rows=PerfectTile(3, max_innermost=MAX_ROWS, of="M",
+                         doc="M = i0 x i1 x i2: i2 = rows of the micro-kernel, i1 = rows of a "
+                             "cache block, i0 = parallel row blocks"),
+        vectors=PerfectTile(3, max_innermost=MAX_VECS, of="N/16",
+                            doc="N/16 = j0 x j1 x j2: j2 = 16-lane int32 accumulators per row "
+                                "(i2 x j2 zmm registers live), j1 = column tiles of a cache "
+                                "block, j0 = parallel column blocks"),
+        k_block=PerfectTile(2, of="K/4",
+                            doc="K/4 = k0 x k1: k1 = groups of 4 reduced per pass over the "
+                                "accumulators (k blocking), k0 = passes"),
+        order=DesignSpace(ORDERS, doc="order of the cache-block loops (i1 j1 or j1 i1)"),
+        parallel=Categorical(PARALLEL,
+                             doc="max extent of the parallel loop fused from the outer spatial "
+                                 "tiles (i0, j0): the parallel granularity (i0 alone is "
+                                 "parallel when i0 x j0 exceeds it)"),
+        unroll=Categorical(UNROLL, doc="pragma_auto_unroll_max_step (explicit) on the outer "
+                                       "loops; the micro-kernel's i2, j2 are always unrolled"),
+        layout=Fixed(PACKED, doc="packed by a layout_rewrite_preproc block; fixed so that "
+                                 "traces replay with any tile decisions"),
+    )
 
-    def applies(self, workload: Any, target: Any) -> bool:
+    def applies(self, workload: Workload, target: Any) -> bool:
         if not super().applies(workload, target) or not has_vnni(target):
             return False
         _, n, k = workload.spec["shape"]
         return n % LANES == 0 and k % GROUP == 0
 
-    def knobs(self, workload: Any | None = None) -> dict[str, dict[str, Any]]:
-        m = n = k = None
-        if workload is not None:
-            m, n, k = workload.spec["shape"]
-        return {
-            "rows": {"kind": "perfect_tile", "loop": "M", "extent": m, "n": 3,
-                     "max_innermost_factor": MAX_ROWS,
-                     "doc": "M = i0 x i1 x i2: i2 = rows of the micro-kernel, i1 = rows of a "
-                            "cache block, i0 = parallel row blocks"},
-            "vectors": {"kind": "perfect_tile", "loop": "N/16",
-                        "extent": None if n is None else n // LANES, "n": 3,
-                        "max_innermost_factor": MAX_VECS,
-                        "doc": "N/16 = j0 x j1 x j2: j2 = 16-lane int32 accumulators per row "
-                               "(i2 x j2 zmm registers live), j1 = column tiles of a cache "
-                               "block, j0 = parallel column blocks"},
-            "k_block": {"kind": "perfect_tile", "loop": "K/4",
-                        "extent": None if k is None else k // GROUP, "n": 2,
-                        "doc": "K/4 = k0 x k1: k1 = groups of 4 reduced per pass over the "
-                               "accumulators (k blocking), k0 = passes"},
-            "order": {"kind": "categorical", "choices": list(ORDERS),
-                      "doc": "order of the cache-block loops (i1 j1 or j1 i1); a structural "
-                             "choice, enumerated as one design space each"},
-            "parallel": {"kind": "categorical", "choices": PARALLEL,
-                         "doc": "max extent of the parallel loop fused from the outer spatial "
-                                "tiles (i0, j0): the parallel granularity (i0 alone is "
-                                "parallel when i0 x j0 exceeds it)"},
-            "unroll": {"kind": "categorical", "choices": UNROLL,
-                       "doc": "pragma_auto_unroll_max_step (explicit) on the outer loops; the "
-                              "micro-kernel's i2, j2 are always unrolled"},
-            "layout": {"kind": "fixed", "value": PACKED,
-                       "doc": "packed by a layout_rewrite_preproc block; fixed so that traces "
-                              "replay with any tile decisions"},
-        }
+    def knob_extents(self, workload: Workload) -> dict[str, int]:
+        m, n, k = workload.spec["shape"]
+        return {"rows": m, "vectors": n // LANES, "k_block": k // GROUP}
 
-    def apply(self, sch: Any, workload: Any, target: Any, order: str = "ij") -> None:
+    def schedule(self, sch: Any, workload: Workload, target: Any, *, order: str) -> None:
         block = sch.get_sblock("T_matmul_NT")
         pack_weight(sch, block)
         i, j, k = sch.get_loops(block)
         j, j16 = sch.split(j, [None, LANES])
         k, k4 = sch.split(k, [None, GROUP])
-        k_extent = workload.spec["shape"][2] // GROUP
-        i0, i1, i2 = sch.split(i, sch.sample_perfect_tile(i, n=3, max_innermost_factor=MAX_ROWS))
-        j0, j1, j2 = sch.split(j, sch.sample_perfect_tile(j, n=3, max_innermost_factor=MAX_VECS))
-        k0, k1 = sch.split(k, sch.sample_perfect_tile(k, n=2, max_innermost_factor=k_extent))
+        i0, i1, i2 = self.split(sch, "rows", i)
+        j0, j1, j2 = self.split(sch, "vectors", j)
+        k0, k1 = self.split(sch, "k_block", k)  # innermost up to the whole K/4
         mid = (i1, j1) if order == "ij" else (j1, i1)
         sch.reorder(i0, j0, k0, *mid, k1, i2, j2, j16, k4)
         sch.unroll(i2)
@@ -166,10 +157,8 @@ class DenseInt8VNNI(Template):
         inner = sch.blockize(j16)
         sch.annotate(inner, "meta_schedule.auto_tensorize", use(VNNI_16x4_LLVM22))
         root = sch.get_sblock("root")
-        sch.annotate(root, "meta_schedule.parallel",
-                     sch.sample_categorical(PARALLEL, [1.0 / len(PARALLEL)] * len(PARALLEL)))
-        sch.annotate(root, "meta_schedule.unroll_explicit",
-                     sch.sample_categorical(UNROLL, [1.0 / len(UNROLL)] * len(UNROLL)))
+        sch.annotate(root, "meta_schedule.parallel", self.sample(sch, "parallel"))
+        sch.annotate(root, "meta_schedule.unroll_explicit", self.sample(sch, "unroll"))
 
     def postprocs(self, target: Any) -> list[Any]:
         return [RegisterBudget(), *cpu_postprocs(tensorize=True)]
@@ -179,5 +168,3 @@ class DenseInt8VNNI(Template):
         # one); here the parallel extent is a sampled categorical, resampled with the population
         return {ms.mutator.MutateTileSize(): 0.9, ms.mutator.MutateUnroll(): 0.1}
 
-    def design_variants(self) -> list[dict[str, Any]]:
-        return [{"order": v} for v in ORDERS]

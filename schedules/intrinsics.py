@@ -10,6 +10,7 @@ the trace names (`register_for_trace`). TVM's own WMMA intrinsics (`tvm.s_tir.te
 
 from __future__ import annotations
 
+import functools
 import linecache
 import re
 from collections.abc import Callable
@@ -172,7 +173,7 @@ def _exp_sub_intrin(lanes: int) -> tuple[object, object]:
 
 
 for _lanes in (4, 8, 16):
-    _FACTORIES[EXP_SUB_F32.format(lanes=_lanes)] = lambda n=_lanes: _exp_sub_intrin(n)
+    _FACTORIES[EXP_SUB_F32.format(lanes=_lanes)] = functools.partial(_exp_sub_intrin, _lanes)
 
 
 # --- normalize: Y[l] = E[l] / S[0] as E[l] * (1 / S[0]) ---------------------------------------
@@ -215,7 +216,7 @@ def _div_bcast_intrin(lanes: int) -> tuple[object, object]:
 
 
 for _lanes in (4, 8, 16):
-    _FACTORIES[DIV_BCAST_F32.format(lanes=_lanes)] = lambda n=_lanes: _div_bcast_intrin(n)
+    _FACTORIES[DIV_BCAST_F32.format(lanes=_lanes)] = functools.partial(_div_bcast_intrin, _lanes)
 
 
 # --- usdot (AArch64 FEAT_I8MM): C[4] int32 += A[4] uint8 . B[4, 4] int8 (schedules/arm.py) ------

@@ -1,31 +1,59 @@
 """Which search spaces exist for a workload, and how to build them.
 
-- a template name (`schedules/<family>.py`, registered with `@register`): an expert space;
+- a template name (one of the classes listed in `schedules/families.py`): an expert space;
 - "auto": MetaSchedule's generated space (post-order-apply over the target's default rules), for
   any PrimFunc;
 - "default": the first template that applies, else "auto".
+
+`TEMPLATES` (name -> template) loads the table of families on first use, so that `replay`, all a
+build or measuring process needs, imports no template.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from schedules.base import Template
 from tuner.errors import SpecError
-
-TEMPLATES: dict[str, Template] = {}
+from tuner.workloads import Workload
 
 AUTO = {"name": "auto", "kind": "generated", "ops": ["*"],
         "description": "MetaSchedule's generated space: multi-level tiling, inlining, "
                        "parallel/vectorize/unroll and the target's default rules", "knobs": {}}
 
 
-def register(cls: type[Template]) -> type[Template]:
-    inst = cls()
-    if not inst.name or inst.name in TEMPLATES or inst.name in ("auto", "default"):
-        raise ValueError(f"bad or duplicate template name {inst.name!r}")
-    TEMPLATES[inst.name] = inst
-    return cls
+class _Templates(Mapping[str, Template]):
+    """One instance of each class of `schedules.families.FAMILIES` by name, in table order;
+    imports the families on first use."""
+
+    def __init__(self) -> None:
+        self._by_name: dict[str, Template] | None = None
+
+    def _load(self) -> dict[str, Template]:
+        if self._by_name is None:
+            from schedules.families import FAMILIES
+
+            by_name: dict[str, Template] = {}
+            for cls in FAMILIES:
+                inst = cls()
+                if not inst.name or inst.name in by_name or inst.name in ("auto", "default"):
+                    raise ValueError(f"bad or duplicate template name {inst.name!r}")
+                by_name[inst.name] = inst
+            self._by_name = by_name
+        return self._by_name
+
+    def __getitem__(self, name: str) -> Template:
+        return self._load()[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._load())
+
+    def __len__(self) -> int:
+        return len(self._load())
+
+
+TEMPLATES: Mapping[str, Template] = _Templates()
 
 
 def replay(mod: Any, trace_json: str) -> Any:
@@ -40,24 +68,21 @@ def replay(mod: Any, trace_json: str) -> Any:
 
 
 def _load() -> None:
-    # importing the families registers them
-    from schedules import families  # noqa: F401
+    """Load the template table now (`TEMPLATES` also loads it on first use)."""
+    len(TEMPLATES)
 
 
 def space_names() -> list[str]:
-    _load()
     return [*TEMPLATES, "auto", "default"]
 
 
-def spaces_for(workload: Any, target: Any) -> list[str]:
+def spaces_for(workload: Workload, target: Any) -> list[str]:
     """Names of the spaces that apply to `workload` on `target`, preferred first."""
-    _load()
     return [n for n, t in TEMPLATES.items() if t.applies(workload, target)] + ["auto"]
 
 
-def resolve(name: str, workload: Any, target: Any) -> str:
+def resolve(name: str, workload: Workload, target: Any) -> str:
     """The concrete space name: "default" becomes the preferred space; others are checked."""
-    _load()
     if name == "default":
         return spaces_for(workload, target)[0]
     if name != "auto" and name not in TEMPLATES:
@@ -68,7 +93,7 @@ def resolve(name: str, workload: Any, target: Any) -> str:
     return name
 
 
-def space_generator(name: str, workload: Any, target: Any) -> Any:
+def space_generator(name: str, workload: Workload, target: Any) -> Any:
     """The MetaSchedule SpaceGenerator (or its shorthand) for space `name` (already resolved)."""
     name = resolve(name, workload, target)
     if name == "auto":
@@ -88,9 +113,8 @@ def search_strategy(name: str) -> Any:
                                                  init_min_unmeasured=min(50, pop // 2))
 
 
-def describe(name: str, workload: Any | None = None) -> dict[str, Any]:
+def describe(name: str, workload: Workload | None = None) -> dict[str, Any]:
     """A space as JSON: its kind, the ops it serves, its knobs and their ranges."""
-    _load()
     if name == "auto":
         return dict(AUTO)
     if name not in TEMPLATES:
@@ -100,5 +124,4 @@ def describe(name: str, workload: Any | None = None) -> dict[str, Any]:
 
 def describe_op(op: str) -> list[dict[str, Any]]:
     """Every space that can serve `op` (templates first, then auto)."""
-    _load()
     return [t.describe() for t in TEMPLATES.values() if op in t.ops] + [dict(AUTO)]

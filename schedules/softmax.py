@@ -28,15 +28,16 @@ from typing import Any
 
 from schedules.base import Template, vector_lanes
 from schedules.intrinsics import DIV_BCAST_F32, EXP_SUB_F32, use
-from schedules.registry import register
+from schedules.knobs import Categorical, DesignSpace, Fixed, PerfectTile, knob_table
 from tuner.tvm_api import ms
+from tuner.workloads import Workload
 
 MAX_ROWS_PER_STEP = 4
-UNROLL = [0, 16, 64, 512]
+UNROLL = (0, 16, 64, 512)
 NORMS = ("reciprocal", "divide")  # one design space each
 
 
-def softmax_lanes(workload: Any, target: Any) -> int:
+def softmax_lanes(workload: Workload, target: Any) -> int:
     """fp32 lanes for the row loops: the target's vector width, or the largest of 8/4 that
     divides the row length; 0 if none does."""
     cols = workload.spec["shape"][-1]
@@ -76,7 +77,6 @@ def _iters_row_red_lanes(sch: Any, block: Any) -> None:
     sch.reorder_block_iter_var(block, order_row + order_red + order_lane)
 
 
-@register
 class SoftmaxX86(Template):
     name = "softmax-x86"
     ops = ("softmax",)
@@ -86,29 +86,27 @@ class SoftmaxX86(Template):
                    "row blocking, parallel granularity, unroll. Needs cols % 4 == 0.")
     tensorize = False  # the trace tensorizes exp/norm itself
     population_size = 64  # a small space (512 points) with a long trace: replay costs ~20 ms
+    KNOBS = knob_table(
+        rows=PerfectTile(3, max_innermost=MAX_ROWS_PER_STEP, of="rows",
+                         doc="rows = r0 x r1 x r2: r0 = parallel tasks (granularity), r1 = row "
+                             "steps per task, r2 = rows computed together per step (ILP vs. "
+                             "temporaries)"),
+        unroll=Categorical(UNROLL, doc="pragma_auto_unroll_max_step (explicit) on the parallel "
+                                       "loop"),
+        norm=DesignSpace(NORMS, doc="exp / sum as a vector division or as exp * (1 / sum) "
+                                    "(<= 1.5 ulp apart)"),
+        lanes=Fixed("16 (AVX-512), else 8 or 4 dividing cols",
+                    doc="vector width of every row loop"),
+    )
 
-    def applies(self, workload: Any, target: Any) -> bool:
+    def applies(self, workload: Workload, target: Any) -> bool:
         return (super().applies(workload, target) and workload.spec.get("dtype") == "float32"
                 and softmax_lanes(workload, target) > 0)
 
-    def knobs(self, workload: Any | None = None) -> dict[str, dict[str, Any]]:
-        rows = None if workload is None else workload.spec["shape"][0]
-        return {
-            "rows": {"kind": "perfect_tile", "loop": "rows", "extent": rows, "n": 3,
-                     "max_innermost_factor": MAX_ROWS_PER_STEP,
-                     "doc": "rows = r0 x r1 x r2: r0 = parallel tasks (granularity), r1 = row "
-                            "steps per task, r2 = rows computed together per step (ILP vs. "
-                            "temporaries)"},
-            "unroll": {"kind": "categorical", "choices": UNROLL,
-                       "doc": "pragma_auto_unroll_max_step (explicit) on the parallel loop"},
-            "norm": {"kind": "categorical", "choices": list(NORMS),
-                     "doc": "exp / sum as a vector division or as exp * (1 / sum) (<= 1.5 ulp "
-                            "apart); a structural choice, one design space each"},
-            "lanes": {"kind": "fixed", "value": "16 (AVX-512), else 8 or 4 dividing cols",
-                      "doc": "vector width of every row loop"},
-        }
+    def knob_extents(self, workload: Workload) -> dict[str, int]:
+        return {"rows": workload.spec["shape"][0]}
 
-    def apply(self, sch: Any, workload: Any, target: Any, norm: str = "reciprocal") -> None:
+    def schedule(self, sch: Any, workload: Workload, target: Any, *, norm: str) -> None:
         lanes = softmax_lanes(workload, target)
         max_block = sch.get_sblock("T_softmax_maxelem")
         sum_block = sch.get_sblock("T_softmax_expsum")
@@ -119,8 +117,7 @@ class SoftmaxX86(Template):
 
         norm_block = sch.get_sblock("T_softmax_norm")
         i, j = sch.get_loops(norm_block)
-        r0, r1, _ = sch.split(i, sch.sample_perfect_tile(i, n=3,
-                                                         max_innermost_factor=MAX_ROWS_PER_STEP))
+        r0, r1, _ = self.split(sch, "rows", i)
         sch.parallel(r0)
         # consumers first: each block moves under r1 after everything that reads it
         for block in [sum_block, *sum_rfs, sch.get_sblock("T_softmax_exp"), max_block, *max_rfs]:
@@ -140,10 +137,7 @@ class SoftmaxX86(Template):
             lane = sch.fuse(*sch.get_loops(rf)[-n_bits:])
             sch.vectorize(lane)
         sch.annotate(sch.get_sblock("root"), "meta_schedule.unroll_explicit",
-                     sch.sample_categorical(UNROLL, [1.0 / len(UNROLL)] * len(UNROLL)))
+                     self.sample(sch, "unroll"))
 
     def mutators(self, target: Any) -> dict[Any, float]:
         return {ms.mutator.MutateTileSize(): 0.8, ms.mutator.MutateUnroll(): 0.2}
-
-    def design_variants(self) -> list[dict[str, Any]]:
-        return [{"norm": v} for v in NORMS]

@@ -8,6 +8,7 @@ TUNEFARM_TEST_REDIS_URL.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import uuid
 from collections.abc import Iterator
@@ -172,10 +173,8 @@ def kill_group(proc: Any, sig: int | None = None) -> None:
     import signal
     import subprocess
 
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, signal.SIGKILL if sig is None else sig)
-    except (ProcessLookupError, PermissionError):
-        pass
     try:
         proc.wait(timeout=20)
     except subprocess.TimeoutExpired:

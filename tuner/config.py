@@ -55,6 +55,33 @@ class Settings(BaseSettings):
     quarantine_after: int = 3  # infrastructure failures in a row before a worker quarantines itself
     probe_s: float = 10.0  # between health probes of a quarantined worker's board
 
+    # security (README "Security"): sandboxes, quotas, HTTP limits
+    sandbox_memory_mb: int = 8192  # address space of a build/run/parse child (RLIMIT_AS)
+    sandbox_cpu_s: int = 1800  # CPU seconds of one child (RLIMIT_CPU); deadlines are per phase
+    sandbox_nproc: int = 512  # processes+threads of the sandbox user (only when dropping to it)
+    sandbox_fsize_mb: int = 1024  # largest file a child may write (RLIMIT_FSIZE)
+    sandbox_user: str = "nobody"  # children drop to this user when started as root ("": never)
+    parse_timeout_s: float = 60.0  # a TVMScript parse child running longer is killed
+    max_queued_jobs: int = 50  # per owner: queued + running jobs
+    max_trials_per_job: int = 20_000
+    max_queued_trials: int = 200_000  # per owner: trials of queued + running jobs
+    rate_per_s: float = 100.0  # per principal and API process: requests per second (sustained)
+    rate_burst: int = 400  # per principal and API process: requests at once
+    max_body_bytes: int = 1 << 20  # request bodies larger than this are refused with 413
+    metrics_token: str | None = None  # if set, GET /metrics needs `Authorization: Bearer` it
+    token_cache_s: float = 1.0  # a revoked token is refused by every API process within this
+    trial_ttl_s: float = 3600.0  # an issued trial accepts its result until then (and once)
+
+    def job_seed(self, seed: int | None) -> int:
+        """A job's search seed: the explicit one, else TUNEFARM_SEED, else 0."""
+        if seed is not None:
+            return int(seed)
+        return self.seed if self.seed is not None else 0
+
+    def job_batch_size(self, batch_size: int | None) -> int:
+        """A job's batch size: the explicit one (a positive number), else TUNEFARM_BATCH_SIZE."""
+        return int(batch_size) if batch_size else self.batch_size
+
     def resolved_database_url(self) -> str:
         if self.database_url:
             return self.database_url

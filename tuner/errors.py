@@ -45,9 +45,28 @@ class Conflict(TunefarmError):
     code = "invalid_transition"
 
 
+class JobHandedOff(TunefarmError):
+    """The job's state is not this run's to decide: another tuner resumes it (this process is
+    stopping, lost the job's lease, or the job was cancelled under it). The search loop leaves
+    the job's state as it is instead of marking it FAILED."""
+
+    code = "job_handed_off"
+
+
 class Unauthorized(TunefarmError):
     code = "unauthorized"
 
 
 class Forbidden(TunefarmError):
     code = "forbidden"
+
+
+class QuotaExceeded(TunefarmError):
+    """A per-owner limit (queued jobs, trials per job, queued trials) would be exceeded; the API
+    answers 429 with `Retry-After: retry_after` (seconds)."""
+
+    code = "quota_exceeded"
+
+    def __init__(self, message: str, *, retry_after: float = 60.0) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after

@@ -1,40 +1,31 @@
 """Records as users see them: the best schedule of a workload on a target, record listings.
 
-Shared by the CLI (`tunefarm best`, `tunefarm records`) and, later, the REST API.
+Shared by the CLI (`tunefarm best`, `tunefarm records`) and the REST API (GET /v1/best through
+`api.best`; a worker's result becomes a record through `record_from` in `api.results`). The
+shapes are the `tuner.db.views` models (`BestPublic`, `ListedRecord`), which the API also
+declares in its OpenAPI document; these functions return them as JSON-ready dicts, the same
+text the CLI prints with `--json` and the API sends.
 """
 
 from __future__ import annotations
 
-import json
-from typing import Any
+from typing import Any, TypeVar
 
 from schedules.registry import replay
 from tuner import tvm_api as tv
-from tuner.config import get_settings
-from tuner.db import NewRecord, RecordRow, Store, target_key
+from tuner.db import NewRecord, Store, TargetRef, WorkloadRow, target_key
+from tuner.db.views import BestPublic, ListedRecord, RecordPublic
 from tuner.errors import NotFound
+from tuner.workloads import Workload
 
 record_from = NewRecord.from_measurement  # the SQL record of a measured MeasureInput
+T = TypeVar("T")
 
 
-def record_dict(row: RecordRow, *, workload_key: str, flops: int, target_json: str | None = None,
-                device_key: str | None = None) -> dict[str, Any]:
-    return {
-        "trial_id": row.trial_id, "job_id": row.job_id, "workload_key": workload_key,
-        "target": json.loads(target_json) if target_json else None, "device_key": device_key,
-        "space": row.space, "invalidity": str(row.invalidity), "error_msg": row.error_msg,
-        "latency_s": row.median_s, "latencies_s": row.latencies, "cv": row.cv,
-        "noisy": row.cv is not None and row.cv > get_settings().noise_cv,
-        "gflops": flops / row.median_s / 1e9 if row.median_s and flops else None,
-        "decisions": row.decisions, "trace": json.loads(row.trace_json), "worker": row.worker,
-        "build_s": row.build_s, "tvm_version": row.tvm_version,
-        "measured_at": row.measured_at.isoformat(),
-    }
-
-
-def best_record(store: Store, workload: Any, target: dict[str, Any], device_key: str = "local"
-                ) -> dict[str, Any]:
-    """The fastest valid record, with the schedule as replayable trace JSON and as Python."""
+def best_record(store: Store, workload: Workload, target: dict[str, Any],
+                device_key: str = "local") -> dict[str, Any]:
+    """The fastest valid record (a `BestPublic`), with the schedule as replayable trace JSON
+    and as Python. `NotFound` when the workload has no valid record on that target."""
     tjson = tv.canonical_target_json(tv.make_target(target))
     wrow = store.workload_by_key(workload.key)
     tref = store.target_by_key(target_key(tjson, device_key))
@@ -42,31 +33,41 @@ def best_record(store: Store, workload: Any, target: dict[str, Any], device_key:
     if not best:
         raise NotFound(f"no valid record for {workload.description} ({workload.key}) on target "
                        f"{tjson} / device {device_key!r}: tune it first")
-    rec = record_dict(best[0], workload_key=workload.key, flops=workload.flops, target_json=tjson,
-                      device_key=device_key)
     sch = replay(workload.mod(), best[0].trace_json)
-    rec["workload"] = workload.spec
-    rec["schedule_python"] = "\n".join(sch.trace.as_python(remove_postproc=True))
-    return rec
+    rec = BestPublic(
+        **RecordPublic.fields_of(best[0], workload_key=workload.key, flops=workload.flops,
+                                 target_json=tjson, device_key=device_key),
+        workload=workload.spec,
+        schedule_python="\n".join(sch.trace.as_python(remove_postproc=True)))
+    return rec.model_dump(mode="json")
 
 
-def list_records(store: Store, workload: Any | None = None, *, limit: int = 20) -> list[dict[str, Any]]:
-    """Newest records first, of one workload or of all."""
+def list_records(store: Store, workload: Workload | None = None, *,
+                 limit: int = 20) -> list[dict[str, Any]]:
+    """Newest records first (each a `ListedRecord`), of one workload or of all."""
     wid = None
     if workload is not None:
         wrow = store.workload_by_key(workload.key)
         if wrow is None:
             return []
         wid = wrow.id
-    workloads: dict[int, Any] = {}
-    targets: dict[int, Any] = {}
+    workloads: dict[int, WorkloadRow] = {}
+    targets: dict[int, TargetRef] = {}
     out = []
     for row in store.records(workload_id=wid, order="newest", limit=limit):
-        w = workloads.get(row.workload_id) or workloads.setdefault(row.workload_id,
-                                                                   store.get_workload(row.workload_id))
-        t = targets.get(row.target_id) or targets.setdefault(row.target_id, store.get_target(row.target_id))
-        d = record_dict(row, workload_key=w.key, flops=w.flops, target_json=t.target_json,
-                        device_key=t.device_key)
-        d["workload"] = w.description
-        out.append(d)
+        w = workloads.get(row.workload_id) or _cache(workloads, row.workload_id,
+                                                     store.get_workload(row.workload_id))
+        t = targets.get(row.target_id) or _cache(targets, row.target_id,
+                                                 store.get_target(row.target_id))
+        rec = ListedRecord(**RecordPublic.fields_of(
+            row, workload_key=w.key, flops=w.flops, target_json=t.target_json,
+            device_key=t.device_key), workload=w.description)
+        out.append(rec.model_dump(mode="json"))
     return out
+
+
+def _cache(into: dict[int, T], key: int, value: T | None) -> T:
+    if value is None:  # a record's foreign keys always resolve; a missing row is a bug
+        raise LookupError(f"row {key} referenced by a record does not exist")
+    into[key] = value
+    return value

@@ -2,7 +2,8 @@
 
 TVM's Python API moves between releases (`tvm.tir` became `tvm.tirx`/`tvm.s_tir`, targets became
 JSON dicts, `tvm.nd` became `tvm.runtime.tensor`). Everything tunefarm needs from TVM is re-exported
-or wrapped here, so the next move touches one file. See ../shared/TVM_NOTES.md for the recipes.
+or wrapped here, so the next move touches one file. The traps met so far are noted where they
+are worked around (the ffi pin: `check_pins`; the broken VNNI intrinsic: `schedules/intrinsics.py`).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from .errors import EnvironmentMismatch, TargetError
+from .errors import EnvironmentMismatch, SpecError, TargetError
 
 REQUIRED = {"apache-tvm": "0.27.0.post1", "apache-tvm-ffi": "0.1.14.post1"}
 
@@ -28,7 +29,8 @@ def check_pins(version: Callable[[str], str] = importlib.metadata.version) -> No
         try:
             got = version(dist)
         except importlib.metadata.PackageNotFoundError as exc:
-            raise EnvironmentMismatch(f"{dist} is not installed; tunefarm needs {dist}=={wanted}") from exc
+            raise EnvironmentMismatch(
+                f"{dist} is not installed; tunefarm needs {dist}=={wanted}") from exc
         if got != wanted:
             raise EnvironmentMismatch(
                 f"{dist}=={got} is installed but tunefarm needs {dist}=={wanted} "
@@ -42,20 +44,45 @@ check_pins()
 import tvm  # noqa: E402
 import tvm_ffi  # noqa: E402
 from tvm import te, topi  # noqa: E402
+from tvm.ir.utils import derived_object  # noqa: E402
 from tvm.s_tir import Schedule, Trace  # noqa: E402
 from tvm.s_tir import meta_schedule as ms  # noqa: E402
-from tvm.ir.utils import derived_object  # noqa: E402
-from tvm.support.popen_pool import PopenPoolExecutor  # noqa: E402
+from tvm.support.popen_pool import PopenPoolExecutor, PopenWorker  # noqa: E402
 
 logging.getLogger("tvm.s_tir.meta_schedule").setLevel(logging.WARNING)
 
 __all__ = [
-    "tvm", "tvm_ffi", "te", "topi", "ms", "Schedule", "Trace", "derived_object", "tune_context", "PopenPoolExecutor",
-    "tvm_version", "structural_hash", "structural_equal", "save_json", "load_json",
-    "make_target", "host_target_dict", "target_to_dict", "canonical_target_json",
-    "trace_to_json", "trace_decisions", "apply_trace", "compile_module", "prim_func_from_tvmscript",
-    "strip_layout_rewrite", "param_specs",
-    "num_tensor_elements", "load_tensor_intrins",
+    "PopenPoolExecutor",
+    "PopenWorker",
+    "Schedule",
+    "Trace",
+    "apply_trace",
+    "canonical_target_json",
+    "compile_module",
+    "derived_object",
+    "host_target_dict",
+    "load_json",
+    "load_tensor_intrins",
+    "make_target",
+    "ms",
+    "num_tensor_elements",
+    "param_specs",
+    "prim_func_from_tvmscript",
+    "sample_init_population",
+    "save_json",
+    "shash_hex",
+    "strip_layout_rewrite",
+    "structural_equal",
+    "structural_hash",
+    "target_to_dict",
+    "te",
+    "topi",
+    "trace_decisions",
+    "trace_to_json",
+    "tune_context",
+    "tvm",
+    "tvm_ffi",
+    "tvm_version",
 ]
 
 
@@ -65,6 +92,12 @@ def tvm_version() -> str:
 
 def structural_hash(obj: Any) -> int:
     return int(tvm_ffi.structural_hash(obj)) & 0xFFFFFFFFFFFFFFFF
+
+
+def shash_hex(obj: Any) -> str:
+    """The structural hash as 16 hex digits: how tunefarm names a workload's module and a
+    candidate program (`cand_hash`) in the database."""
+    return f"{structural_hash(obj):016x}"
 
 
 def structural_equal(a: Any, b: Any) -> bool:
@@ -142,16 +175,17 @@ def make_target(spec: str | dict[str, Any]) -> Any:
     if not isinstance(spec, dict) or "kind" not in spec:
         raise TargetError('must be "host" or a JSON object with a "kind"', field="target")
     spec = dict(spec)
-    if spec.get("kind") == "llvm" and spec.get("mcpu") in (None, "native", "host"):
-        if spec.get("mcpu") is not None or "mtriple" not in spec:
-            spec["mcpu"] = host_target_dict()["mcpu"]
+    if (spec.get("kind") == "llvm" and spec.get("mcpu") in (None, "native", "host")
+            and (spec.get("mcpu") is not None or "mtriple" not in spec)):
+        spec["mcpu"] = host_target_dict()["mcpu"]
     if spec.get("kind") == "llvm" and "mcpu" in spec:
-        triple = spec.get("mtriple") or str(tvm_ffi.get_global_func("target.llvm_get_system_triple")())
+        triple = (spec.get("mtriple")
+                  or str(tvm_ffi.get_global_func("target.llvm_get_system_triple")()))
         valid = tvm_ffi.get_global_func("target.llvm_is_valid_cpu")(str(spec["mcpu"]), str(triple))
         if not valid:
             raise TargetError(
-                f"LLVM does not know mcpu {spec['mcpu']!r} for triple {triple!r}; it would silently "
-                "generate generic code", field="target.mcpu")
+                f"LLVM does not know mcpu {spec['mcpu']!r} for triple {triple!r}; it would "
+                "silently generate generic code", field="target.mcpu")
     if spec.get("kind") == "llvm" and "num-cores" not in spec:
         from .config import physical_cores
 
@@ -275,6 +309,15 @@ def load_tensor_intrins(backend: str) -> Any:
     return importlib.import_module(f"tvm.s_tir.tensor_intrin.{backend}")
 
 
+def sample_init_population(strategy: Any, n: int) -> list[Any]:
+    """`n` random schedules from a pre-tuned EvolutionarySearch's design spaces (each space's
+    trace replayed with fresh decisions, then postprocessed), without evolution: the search's
+    own initial-population sampler (a private FFI function, named here so a move touches one
+    line)."""
+    sample = ms._ffi_api.SearchStrategyEvolutionarySearchSampleInitPopulation
+    return list(sample(strategy, n))
+
+
 def tune_context(mod: Any, target: Any, *, space: Any, strategy: Any, seed: int,
                  num_threads: int, task_name: str = "main") -> Any:
     import importlib
@@ -289,8 +332,19 @@ def tune_context(mod: Any, target: Any, *, space: Any, strategy: Any, seed: int,
                           task_name=task_name, rand_state=seed, num_threads=num_threads)
 
 
+def design_spaces(ctx: Any) -> list[Any]:
+    """The design spaces of a tune context. A space that TVM cannot build for this workload (its
+    schedule rules fail on it, e.g. a tile of a loop whose extent overflows the sampler) is a
+    SpecError naming the TVM error, not a traceback out of the search."""
+    try:
+        return list(ctx.generate_design_space())
+    except (RuntimeError, ValueError) as exc:  # what TVM raises (ScheduleError, InternalError)
+        first = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
+        raise SpecError(f"no design space can be generated for this workload: {first}") from exc
+
+
 # ---------------------------------------------------------------------------------------------
-# libraries and RPC (workers.rpc, workers.rpcfarm)
+# libraries and RPC (workers.rpc, tests.support.rpcfarm)
 
 
 def library_suffix(target: Any) -> str:

@@ -1,14 +1,16 @@
-"""`tunefarm worker`: the measurement agent of one board class (device key).
+"""`tunefarm worker`: the measurement agent of one board class (device key). It holds only the
+API URL and a worker token: no Redis and no SQL credentials; the API runs the queue for it.
 
     register over the API -> heartbeat thread
-    loop: reclaim entries a dead worker held past the lease (XAUTOCLAIM; poison ones, delivered
-          more than max_deliveries times, are dead-lettered), else read new ones (XREADGROUP)
-          -> skip trials of cancelled jobs -> build the batch (LocalMeasurer.prepare) -> measure
-          each candidate -> POST the result to the API -> XACK only after the API answered 200
+    loop: POST .../lease (the API reclaims entries a dead worker held past the lease, dead-
+          lettering poison ones, else reads new ones; it skips trials of cancelled jobs and
+          checks every input it hands out) -> build the batch (LocalMeasurer.prepare) ->
+          measure each candidate -> POST the result -> POST .../ack only after the result was
+          answered 200
 
-Delivery is at least once: a crash anywhere before the XACK hands the entry to another worker
+Delivery is at least once: a crash anywhere before the ack hands the entry to another worker
 after the lease, and the API commits a trial id once. While a candidate is built or timed, a
-lease thread renews the entries held (XCLAIM JUSTID), so a long measurement is never stolen.
+lease thread renews the entries held (POST .../renew), so a long measurement is never stolen.
 An infrastructure failure (WORKER_LOST: the sandbox could not start, the board's RPC server died)
 is recorded under an attempt id of its own (it never trains the cost model) and the candidate is
 measured again at once (over RPC: on another board); if it keeps failing, the entry is left to
@@ -19,6 +21,7 @@ candidate is finished, posted and acked.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import socket
@@ -29,18 +32,18 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any, Self
 
-import redis
-
 from api.client import ApiError, Client
+from tuner import signals
 from tuner.errors import TunefarmError
-from tuner.measure import Invalidity, MeasureInput, MeasureResult
-from tuner.queue import Keys, streams
-from tuner.service import signals
+from tuner.isolation import undumpable
+from tuner.measure import Invalidity, MeasureInput, Measurer, MeasureResult
 
 log = logging.getLogger(__name__)
 
-POST_GIVE_UP_DRAINING_S = 60.0  # while draining, stop retrying a post after this (entry stays pending)
+POST_GIVE_UP_DRAINING_S = 60.0  # while draining, stop retrying a post after this (stays pending)
 LOST_RETRIES = 1  # measure again at once after an infrastructure failure (another board over RPC)
+LEASE_WAIT_S = 2.0  # a lease request waits this long for new work (bounds the drain delay too)
+MAX_ENTRIES = 64  # entries per lease/renew request (the API's bound)
 
 
 @dataclass
@@ -48,7 +51,6 @@ class WorkerConfig:
     """What the API told us at registration."""
 
     worker_id: str
-    prefix: str
     lease_s: float
     heartbeat_s: float
     max_deliveries: int
@@ -63,11 +65,21 @@ class Stats:
     state: str = "idle"
 
 
-class _Leases:
-    """Keeps the entries this worker holds from being reclaimed (XCLAIM JUSTID every lease/3)."""
+@dataclass(frozen=True)
+class Entry:
+    """A leased queue entry: its id (to renew and ack), the input, its delivery count."""
 
-    def __init__(self, r: redis.Redis, stream: str, consumer: str, lease_s: float) -> None:
-        self.r, self.stream, self.consumer = r, stream, consumer
+    id: str
+    inp: MeasureInput
+    deliveries: int = 1
+
+
+class _Leases:
+    """Keeps the entries this worker holds from being reclaimed (POST .../renew every lease/3,
+    on a client of its own)."""
+
+    def __init__(self, client: Client, worker_id: str, lease_s: float) -> None:
+        self.client, self.worker_id = client, worker_id
         self.every_s = max(0.05, lease_s / 3)
         self._held: set[str] = set()
         self._lock = threading.Lock()
@@ -96,27 +108,28 @@ class _Leases:
                 ids = sorted(self._held)
             if not ids:
                 continue
+            kept: set[str] = set()
             try:
-                kept = set(streams.keep_lease(self.r, self.stream, Keys.WORKERS_GROUP,
-                                              self.consumer, ids))
-            except (redis.RedisError, OSError) as exc:
-                log.warning("cannot renew the lease of %d entries: %s", len(ids), exc)
+                for i in range(0, len(ids), MAX_ENTRIES):
+                    kept.update(self.client.renew(self.worker_id, ids[i:i + MAX_ENTRIES]))
+            except ApiError as err:
+                log.warning("cannot renew the lease of %d entries: %s", len(ids), err)
                 continue
             gone = set(ids) - kept
-            if gone:  # withdrawn by the tuner, or Redis lost them: the result is still posted
+            if gone:  # withdrawn by the tuner, reclaimed after a lapse, or Redis lost them
                 log.info("entries %s are no longer held (withdrawn or flushed)", sorted(gone))
                 self.drop(*gone)
 
 
 @dataclass
 class Agent:
-    """One worker process's loop; `measurer` has prepare(inputs) and measure_one(inp)."""
+    """One worker process's loop over the entries of its device key."""
 
     client: Client
-    r: redis.Redis
+    lease_client: Client  # renews leases from the lease thread
     cfg: WorkerConfig
     device_key: str
-    measurer: Any
+    measurer: Measurer
     stop_event: threading.Event
     concurrency: int = 1
     quarantine_after: int = 3  # infrastructure failures in a row
@@ -124,21 +137,21 @@ class Agent:
     stats: Stats = field(default_factory=Stats)
 
     def __post_init__(self) -> None:
-        self.keys = Keys(self.cfg.prefix)
-        self.stream = self.keys.measure(self.device_key)
         self.consumer = self.cfg.worker_id
 
     # ------------------------------------------------------------------ loop
     def run(self) -> None:
-        with _Leases(self.r, self.stream, self.consumer, self.cfg.lease_s) as leases:
+        with _Leases(self.lease_client, self.consumer, self.cfg.lease_s) as leases:
             while not self.stop_event.is_set():
                 if self.stats.state == "quarantined":
                     self._probe()
                     continue
                 try:
                     entries = self._next_entries()
-                except (redis.RedisError, OSError) as exc:
-                    log.warning("Redis unavailable (%s); retrying", exc)
+                except ApiError as err:
+                    if not err.transient:
+                        raise TunefarmError(f"the API refused to lease work: {err}") from err
+                    log.warning("cannot lease work from the API (%s); retrying", err)
                     self.stop_event.wait(1.0)
                     continue
                 if not entries:
@@ -150,37 +163,29 @@ class Agent:
                                   self.consumer)
                     self.stop_event.wait(1.0)
 
-    def _next_entries(self) -> list[streams.Entry]:
-        """Entries a dead worker held past the lease first (dead-lettering poison ones), else
-        new ones (waiting up to a second)."""
+    def _next_entries(self) -> list[Entry]:
+        """A lease from the API: entries a dead worker held past the lease first (the API
+        dead-letters poison ones and skips cancelled jobs), else new ones (waiting up to
+        LEASE_WAIT_S)."""
         out = []
-        for e in streams.reclaim(self.r, self.stream, Keys.WORKERS_GROUP, self.consumer,
-                                 min_idle_s=self.cfg.lease_s, count=self.concurrency):
-            if e.deliveries > self.cfg.max_deliveries:
-                streams.dead_letter(self.r, self.keys, self.device_key, e, reason=(
-                    f"delivered {e.deliveries} times (max {self.cfg.max_deliveries}): the workers "
-                    "measuring it died or lost it"))
-            else:
+        for raw in self.client.lease(self.consumer, max_entries=self.concurrency,
+                                     wait_s=LEASE_WAIT_S):
+            e = self._parse(raw)
+            if e is None:
+                continue
+            if e.deliveries > 1:
                 log.info("reclaimed entry %s (delivery %d)", e.id, e.deliveries)
-                out.append(e)
-        if out:
-            return out
-        return streams.read_new(self.r, self.stream, Keys.WORKERS_GROUP, self.consumer,
-                                count=self.concurrency, block_s=1.0)
+            out.append(e)
+        return out
 
-    def process(self, entries: list[streams.Entry], leases: _Leases) -> None:
+    def process(self, entries: list[Entry], leases: _Leases) -> None:
         """Measure, post and acknowledge a batch of entries (one candidate at a time)."""
         leases.hold(*(e.id for e in entries))
-        todo: list[tuple[streams.Entry, MeasureInput]] = []
-        for e in entries:
-            inp = self._parse(e)
-            if inp is not None and not self._skip_cancelled(e, inp):
-                todo.append((e, inp))
+        todo = [(e, e.inp) for e in entries]
         try:
             if todo:
                 self.stats.state = "busy"
-                if hasattr(self.measurer, "prepare"):
-                    self.measurer.prepare([inp for _, inp in todo])
+                self.measurer.prepare([inp for _, inp in todo])
             for i, (e, inp) in enumerate(todo):
                 if i and (self.stop_event.is_set() or self.stats.state == "quarantined"):
                     log.info("%s: %d held entries are left to other workers",
@@ -192,23 +197,34 @@ class Agent:
             if self.stats.state != "quarantined":
                 self.stats.state = "draining" if self.stop_event.is_set() else "idle"
 
-    def _parse(self, e: streams.Entry) -> MeasureInput | None:
+    def _parse(self, raw: Any) -> Entry | None:
+        """A leased entry as the API answered it; one this worker cannot read is dead-lettered
+        (the API checked it, so this means the two disagree on the protocol)."""
+        entry_id = raw.get("entry_id") if isinstance(raw, dict) else None
+        if not isinstance(entry_id, str):
+            log.error("the API leased an entry without an id: %.200r", raw)
+            return None
         try:
-            return MeasureInput.from_json(e.fields["input"])
+            inp = MeasureInput.from_json(json.dumps(raw["input"]))
+            return Entry(entry_id, inp, int(raw.get("deliveries") or 1))
         except (KeyError, TypeError, ValueError) as exc:
-            streams.dead_letter(self.r, self.keys, self.device_key, e,
-                                reason=f"not a MeasureInput: {exc}")
+            self._give_up(entry_id, f"not a MeasureInput this worker can read: {exc}")
             return None
 
-    def _skip_cancelled(self, e: streams.Entry, inp: MeasureInput) -> bool:
-        job_id = (inp.context or {}).get("job_id")
-        if not job_id or not self.r.exists(self.keys.cancelled(job_id)):
-            return False
-        log.info("skipping trial %s: job %s is cancelled", inp.trial_id, job_id)
-        streams.ack(self.r, self.stream, Keys.WORKERS_GROUP, e.id)
-        return True
+    def _give_up(self, entry_id: str, reason: str) -> None:
+        try:
+            self.client.dead_letter(self.consumer, [entry_id], reason)
+        except ApiError as err:
+            log.warning("cannot dead-letter entry %s (%s): it returns after the lease",
+                        entry_id, err)
 
-    def _measure_post_ack(self, e: streams.Entry, inp: MeasureInput) -> None:
+    def _ack(self, entry_id: str) -> None:
+        try:
+            self.client.ack(self.consumer, [entry_id])
+        except ApiError as err:  # the result is committed; the entry returns after the lease
+            log.warning("cannot acknowledge entry %s: %s", entry_id, err)
+
+    def _measure_post_ack(self, e: Entry, inp: MeasureInput) -> None:
         t0 = time.monotonic()
         for _attempt in range(1 + LOST_RETRIES):
             res = self.measurer.measure_one(inp)
@@ -227,7 +243,7 @@ class Agent:
         if res.invalidity is Invalidity.WORKER_LOST:
             return
         if self._post(e, inp, res):
-            streams.ack(self.r, self.stream, Keys.WORKERS_GROUP, e.id)
+            self._ack(e.id)
             self.stats.measured += 1
             self.stats.failures += 0 if res.ok else 1
             log.info("trial %s: %s %s in %.1f s", inp.trial_id, res.invalidity,
@@ -256,10 +272,9 @@ class Agent:
         """While quarantined: wait, then ask the measurer whether its board works again."""
         if self.stop_event.wait(self.probe_s):
             return
-        probe = getattr(self.measurer, "probe", None)
         try:
-            healthy = bool(probe()) if probe is not None else True
-        except Exception as exc:  # noqa: BLE001 - a failing probe is an answer, not a crash
+            healthy = bool(self.measurer.probe())
+        except Exception as exc:  # a failing probe is an answer, not a crash
             log.warning("health probe failed: %s", exc)
             healthy = False
         if healthy:
@@ -267,7 +282,7 @@ class Agent:
             self.stats.infra_in_a_row = 0
             self.stats.state = "idle"
 
-    def _post(self, e: streams.Entry, inp: MeasureInput, res: MeasureResult) -> bool:
+    def _post(self, e: Entry, inp: MeasureInput, res: MeasureResult) -> bool:
         """POST the result until the API takes it; True once it answered 200. A result the API
         rejects for good (4xx) is dead-lettered; while draining, give up after a minute."""
         delay, started = 0.5, time.monotonic()
@@ -287,10 +302,9 @@ class Agent:
             time.sleep(delay)
             delay = min(delay * 2, 10.0)
 
-    def _reject(self, e: streams.Entry, inp: MeasureInput, err: ApiError) -> None:
+    def _reject(self, e: Entry, inp: MeasureInput, err: ApiError) -> None:
         log.error("the API rejected the result of trial %s: %s", inp.trial_id, err)
-        streams.dead_letter(self.r, self.keys, self.device_key, e,
-                            reason=f"the API rejected the result: {err}")
+        self._give_up(e.id, f"the API rejected the result: {err}")
 
 
 # ---------------------------------------------------------------------- registration, heartbeat
@@ -313,8 +327,8 @@ def register(client: Client, *, name: str, device_key: str, target: dict[str, An
             stop_event.wait(delay)
             delay = min(delay * 2, 10.0)
             continue
-        return WorkerConfig(worker_id=str(reg["id"]), prefix=str(reg["redis_prefix"]),
-                            lease_s=float(reg["lease_s"]), heartbeat_s=float(reg["heartbeat_s"]),
+        return WorkerConfig(worker_id=str(reg["id"]), lease_s=float(reg["lease_s"]),
+                            heartbeat_s=float(reg["heartbeat_s"]),
                             max_deliveries=int(reg["max_deliveries"]))
     return None
 
@@ -328,23 +342,25 @@ def _heartbeats(client: Client, cfg: WorkerConfig, stats: Stats, done: threading
             log.warning("heartbeat failed: %s", err)
 
 
-def run_worker(*, api_url: str, token: str | None, redis_url: str, device_key: str,
+def run_worker(*, api_url: str, token: str | None, device_key: str,
                target: dict[str, Any], name: str | None = None,
                stop_event: threading.Event | None = None, concurrency: int = 1,
-               measurer_factory: Callable[[str], Any] | None = None,
+               measurer_factory: Callable[[str], Measurer] | None = None,
                quarantine_after: int | None = None, probe_s: float | None = None,
                rpc_tracker: tuple[str, int] | None = None, rpc_key: str | None = None) -> int:
     """The `tunefarm worker` loop until SIGTERM/SIGINT or `stop_event` (drains, returns 0).
     `concurrency`: entries taken at once (built in parallel, timed one by one).
     `rpc_tracker` (host, port): build here, run on the boards registered with that TVM RPC
     tracker under `rpc_key` (default: the device key); else this machine is the board.
-    `measurer_factory(worker_id)` (tests) replaces the measurer."""
+    `measurer_factory(worker_id)` (tests) replaces the measurer. Everything goes through the
+    API at `api_url` with `token` (a worker token)."""
     stop = stop_event or threading.Event()
     restore = signals.stop_on_signals(stop)
+    undumpable()  # the token: not readable by a sandbox child of the same user
     client = Client(api_url, token)
     beat_client = Client(api_url, token, retries=0)
-    r = streams.connect(redis_url)
-    measurer = None
+    lease_client = Client(api_url, token, retries=0)
+    measurer: Measurer | None = None
     done = threading.Event()
     try:
         name = name or f"{socket.gethostname()}:{os.getpid()}"
@@ -368,7 +384,8 @@ def run_worker(*, api_url: str, token: str | None, redis_url: str, device_key: s
         from tuner.config import get_settings
 
         s = get_settings()
-        agent = Agent(client, r, cfg, device_key, measurer, stop, max(1, concurrency),
+        agent = Agent(client, lease_client, cfg, device_key, measurer, stop,
+                      min(max(1, concurrency), MAX_ENTRIES),
                       quarantine_after=quarantine_after or s.quarantine_after,
                       probe_s=probe_s if probe_s is not None else s.probe_s)
         beat = threading.Thread(target=_heartbeats, args=(beat_client, cfg, agent.stats, done),
@@ -383,11 +400,11 @@ def run_worker(*, api_url: str, token: str | None, redis_url: str, device_key: s
     finally:
         done.set()
         signals.restore(restore)
-        if measurer is not None and hasattr(measurer, "close"):
+        if measurer is not None:
             measurer.close()
-        r.close()
         client.close()
         beat_client.close()
+        lease_client.close()
 
 
 def _final_heartbeat(client: Client, cfg: WorkerConfig, stats: Stats) -> None:

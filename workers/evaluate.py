@@ -5,7 +5,9 @@ device, running and checking against the reference, and timing with the protocol
 
 from __future__ import annotations
 
+import hashlib
 import math
+import os
 import time
 from typing import Any
 
@@ -19,6 +21,7 @@ class Prepared:
         from tuner.workloads import parse_spec
 
         self.workload = parse_spec(spec)
+        self.seed = seed
         self.mod = self.workload.mod()
         self.inputs = self.workload.make_inputs(seed)
         self.arg_specs = self.workload.arg_specs()
@@ -32,12 +35,32 @@ class Prepared:
         return self.reference
 
 
+class ArtifactError(Exception):
+    """A built library that is not what the builder produced: refused, never loaded."""
+
+
+def checked_bytes(path: str, sha256: str | None) -> bytes:
+    """The bytes of the built library at `path`, read once, if they hash to `sha256` (what the
+    builder recorded); ArtifactError otherwise. Load exactly these bytes: a file swapped after
+    the check is never read again."""
+    name = os.path.basename(path)
+    if not sha256:
+        raise ArtifactError(f"artifact {name} comes without a sha256")
+    with open(path, "rb") as f:
+        data = f.read()
+    got = hashlib.sha256(data).hexdigest()
+    if got != sha256:
+        raise ArtifactError(f"artifact hash mismatch: {name} has sha256 {got[:16]}..., expected "
+                            f"{sha256[:16]}...; not loaded")
+    return data
+
+
 def first_line(exc: BaseException) -> str:
     text = str(exc).strip()
     lines = [ln for ln in text.splitlines() if ln.strip()]
     # TVM errors end with the meaningful line; keep the head and the tail
     if len(lines) > 6:
-        lines = lines[:2] + ["..."] + lines[-3:]
+        lines = [*lines[:2], "...", *lines[-3:]]
     return f"{type(exc).__name__}: " + " | ".join(lines)[:2000]
 
 

@@ -9,6 +9,7 @@ is recorded with the matching invalidity and the next candidate runs in a fresh 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -25,7 +26,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from tuner.measure import Invalidity, MeasureInput, MeasureResult
+from tuner.isolation import Limits, child_env
+from tuner.measure import Invalidity, MeasureInput, Measurer, MeasureResult
 from workers.builder import Built, Prebuilder
 
 log = logging.getLogger(__name__)
@@ -48,16 +50,30 @@ class _Child:
     `wait_ready` waits for it."""
 
     def __init__(self, num_threads: int, log_path: Path) -> None:
-        env = dict(os.environ)
-        env["TVM_NUM_THREADS"] = str(num_threads)
-        env.setdefault("PYTHONUNBUFFERED", "1")
+        limits = Limits.from_settings()
+        # the child's own scratch directory (its compiles' temporary files, HOME), writable by the
+        # unprivileged user it drops to
+        self.tmp = tempfile.mkdtemp(prefix="tunefarm-sandbox-tmp-")
+        ids = limits.drop_ids()
+        if ids is not None:
+            os.chown(self.tmp, *ids)
+        env = child_env({"TVM_NUM_THREADS": str(num_threads), "PYTHONUNBUFFERED": "1",
+                         "TMPDIR": self.tmp, "HOME": self.tmp})
         r_fd, w_fd = os.pipe()
         self.log_path = log_path
         self._log = open(log_path, "ab")  # noqa: SIM115 - closed in kill()
+        argv = [sys.executable, "-m", "workers.sandbox", str(w_fd)]
+        if ids is not None and not limits.can_exec(sys.executable):
+            # the unprivileged user cannot run this interpreter: the child drops itself to it
+            # once its imports are done, before it reads any candidate
+            argv.append(f"--drop={limits.user}")
+            start = limits.keep_root()
+        else:
+            start = limits
+        # preexec: a new session (kill() kills the group), rlimits, then no root
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "workers.sandbox", str(w_fd)],
-            stdin=subprocess.PIPE, stdout=self._log, stderr=self._log, pass_fds=(w_fd,),
-            env=env, start_new_session=True, cwd=os.getcwd(),
+            argv, stdin=subprocess.PIPE, stdout=self._log, stderr=self._log, pass_fds=(w_fd,),
+            env=env, preexec_fn=start.preexec(), cwd=os.getcwd(),
         )
         os.close(w_fd)
         self.num_threads = num_threads
@@ -118,31 +134,24 @@ class _Child:
         return " | ".join(lines[-5:])
 
     def kill(self) -> None:
-        try:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-        try:
+        with contextlib.suppress(subprocess.TimeoutExpired):  # pragma: no cover
             self.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:  # pragma: no cover
-            pass
         self._sel.close()
         for closer in (lambda: os.close(self._r), self._log.close):
-            try:
+            with contextlib.suppress(OSError):
                 closer()
-            except OSError:
-                pass
         if self.proc.stdin:
-            try:
+            with contextlib.suppress(OSError):
                 self.proc.stdin.close()
-            except OSError:
-                pass
+        shutil.rmtree(self.tmp, ignore_errors=True)
 
     def alive(self) -> bool:
         return self.proc.poll() is None
 
 
-class LocalMeasurer:
+class LocalMeasurer(Measurer):
     """Measures candidates one at a time in a sandbox child; never raises for a bad kernel."""
 
     def __init__(self, *, worker_id: str | None = None, log_dir: Path | None = None,
@@ -165,7 +174,8 @@ class LocalMeasurer:
 
     def _start_child(self, num_threads: int) -> _Child:
         """The sandbox process for `num_threads`, started if needed (not waited for)."""
-        if self._child is not None and (not self._child.alive() or self._child.num_threads != num_threads):
+        if self._child is not None and (not self._child.alive()
+                                        or self._child.num_threads != num_threads):
             self._child.kill()
             self._child = None
         if self._child is None:
@@ -212,10 +222,8 @@ class LocalMeasurer:
         """Build a batch in parallel now; `measure_one` then only loads, verifies and times. The
         sandbox process starts meanwhile."""
         if inputs:
-            try:
+            with contextlib.suppress(OSError):  # measure_one reports it
                 self._start_child(inputs[0].options.num_threads)
-            except OSError:
-                pass  # measure_one reports it
         if self._prebuilder is not None:
             self._built.update(self._prebuilder.build(list(inputs)))
 
@@ -224,11 +232,13 @@ class LocalMeasurer:
         if built is None:
             return self._measure_in_sandbox(inp)
         if built.path is None:
-            return self._tag(MeasureResult.failure(inp.trial_id, built.invalidity or Invalidity.BUILD_ERROR,
-                                                   built.error_msg or "build failed"))
+            return self._tag(MeasureResult.failure(
+                inp.trial_id, built.invalidity or Invalidity.BUILD_ERROR,
+                built.error_msg or "build failed"))
         try:
             res = self._measure_in_sandbox(replace(inp, artifact=built.path,
-                                                    artifact_params=built.params))
+                                                    artifact_params=built.params,
+                                                    artifact_sha256=built.sha256))
         finally:
             assert self._prebuilder is not None
             self._prebuilder.discard(built.path)
@@ -240,7 +250,8 @@ class LocalMeasurer:
         except (_ChildDied, _Deadline, OSError) as exc:
             self._drop_child()
             return self._tag(MeasureResult.failure(
-                inp.trial_id, Invalidity.WORKER_LOST, f"could not start the measuring process: {exc}"))
+                inp.trial_id, Invalidity.WORKER_LOST,
+                f"could not start the measuring process: {exc}"))
         phase = "sending"
         build_s = None
         try:
@@ -264,15 +275,17 @@ class LocalMeasurer:
                      "preparing": (Invalidity.RUN_TIMEOUT, PREPARE_TIMEOUT_S)}
             inv, secs = limit.get(phase, (Invalidity.WORKER_LOST, PREPARE_TIMEOUT_S))
             return self._tag(MeasureResult.failure(
-                inp.trial_id, inv, f"{phase} did not finish within {secs:g} s; process group killed",
+                inp.trial_id, inv,
+                f"{phase} did not finish within {secs:g} s; process group killed",
                 build_s=build_s))
         except _ChildDied as exc:
             tail = child.log_tail()
             self._drop_child()
             inv = {"building": Invalidity.BUILD_ERROR, "running": Invalidity.RUN_ERROR,
                    "preparing": Invalidity.RUN_ERROR}.get(phase, Invalidity.WORKER_LOST)
-            msg = f"{exc} while {phase} the candidate" + (f"; last output: {tail}" if tail else "")
-            return self._tag(MeasureResult.failure(inp.trial_id, inv, msg, build_s=build_s))
+            why = f"{exc} while {phase} the candidate" + (f"; last output: {tail}" if tail else "")
+            why += f" (sandbox limits: {Limits.from_settings().describe()})"
+            return self._tag(MeasureResult.failure(inp.trial_id, inv, why, build_s=build_s))
 
     def _tag(self, res: MeasureResult) -> MeasureResult:
         return replace(res, worker=self.worker_id)
@@ -285,9 +298,3 @@ class LocalMeasurer:
             shutil.rmtree(self._log_dir, ignore_errors=True)
         if self._prebuilder is not None:
             self._prebuilder.close()
-
-    def __enter__(self) -> LocalMeasurer:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()

@@ -1,9 +1,10 @@
 """RPC measurement: candidates are built here and timed on a board behind a TVM RPC tracker.
 
-`RpcMeasurer` implements the Measurer protocol. Per candidate:
+`RpcMeasurer` implements the `tuner.measure.Measurer` interface. Per candidate:
 
     build (a build process with the build deadline: workers.builder; a `.tar` for another
-    architecture) -> reference outputs here (once per workload) -> five timed steps on a board:
+    architecture) -> reference outputs (once per workload; a `tir` workload's in a sandboxed
+    build process, never in the worker) -> five timed steps on a board:
     session  ask the tracker for a free server of the key, within `request_timeout_s`
     upload   send the library, load it on the board
     allocate the workload's inputs and zeroed outputs (random packed weights for a kernel whose
@@ -23,6 +24,8 @@ session's process): RUN_ERROR.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import logging
 import os
 import socket
@@ -34,9 +37,18 @@ from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import Any
 
-from tuner.measure import Invalidity, MeasureInput, MeasureResult
+from tuner.measure import Invalidity, MeasureInput, Measurer, MeasureResult
 from workers.builder import Built, Prebuilder
-from workers.evaluate import Prepared, allocate, check, first_line, random_args, time_kernel
+from workers.evaluate import (
+    ArtifactError,
+    Prepared,
+    allocate,
+    check,
+    checked_bytes,
+    first_line,
+    random_args,
+    time_kernel,
+)
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +79,7 @@ def call_with_deadline(fn: Callable[[], Any], timeout_s: float, name: str = "rpc
     def target() -> None:
         try:
             box["value"] = fn()
-        except BaseException as exc:  # noqa: BLE001 - handed to the caller
+        except BaseException as exc:  # handed to the caller
             box["error"] = exc
 
     th = threading.Thread(target=target, name=name, daemon=True)
@@ -114,7 +126,7 @@ class _Board:
         return f"{self.host}:{self.port}"
 
 
-class RpcMeasurer:
+class RpcMeasurer(Measurer):
     """Measures candidates on boards registered with a TVM RPC tracker under `key`."""
 
     def __init__(self, tracker_host: str, tracker_port: int, key: str, *,
@@ -137,7 +149,7 @@ class RpcMeasurer:
         self.step: str | None = None  # the step in progress
         self.last_steps: dict[str, float] = {}  # seconds per step of the last measurement
 
-    # -- Measurer protocol -----------------------------------------------------------------
+    # -- Measurer interface ----------------------------------------------------------------
 
     def prepare(self, inputs: list[MeasureInput]) -> None:
         """Build a batch in parallel now; `measure_one` then only runs it on a board."""
@@ -146,7 +158,7 @@ class RpcMeasurer:
     def measure_one(self, inp: MeasureInput) -> MeasureResult:
         try:
             res = self._measure(inp)
-        except Exception as exc:  # noqa: BLE001 - never an exception out of measure_one
+        except Exception as exc:  # never an exception out of measure_one
             log.exception("trial %s: unexpected failure", inp.trial_id)
             res = MeasureResult.failure(inp.trial_id, Invalidity.WORKER_LOST,
                                         f"the RPC measurer failed: {first_line(exc)}")
@@ -161,7 +173,7 @@ class RpcMeasurer:
 
         try:
             summary = call_with_deadline(lambda: tv.rpc_tracker_summary(*self.tracker), 10.0)
-        except Exception:  # noqa: BLE001 - incl. a timeout
+        except Exception:  # incl. a timeout
             return False
         return any(s.get("key") == f"server:{self.key}" for s in summary.get("server_info", []))
 
@@ -170,12 +182,6 @@ class RpcMeasurer:
             self._prebuilder.discard(built.path)
         self._built.clear()
         self._prebuilder.close()
-
-    def __enter__(self) -> RpcMeasurer:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     # -- one candidate ---------------------------------------------------------------------
 
@@ -187,8 +193,8 @@ class RpcMeasurer:
                                          built.error_msg or "build failed")
         try:
             prep = self._prepare_workload(inp)
-            if opts.verify:  # here, before a board is held
-                prep.ensure_reference(lambda _msg: None, tid)
+            if opts.verify:  # before a board is held
+                self._ensure_reference(inp, prep)
             packed = built.params is not None and built.params != [
                 (tuple(s), d) for _, s, d in prep.arg_specs]
             latencies, max_err = self._on_board(inp, built, prep, packed)
@@ -199,6 +205,21 @@ class RpcMeasurer:
             self._prebuilder.discard(built.path)
         return MeasureResult(trial_id=tid, invalidity=Invalidity.OK, latencies_s=latencies,
                              build_s=built.build_s, worker=self._worker_tag(), max_abs_err=max_err)
+
+    def _ensure_reference(self, inp: MeasureInput, prep: Prepared) -> None:
+        """A `tir` workload's reference runs its submitted program: in a sandboxed build
+        process, never here (this process holds the worker's token). The built-in ops'
+        references are numpy, computed here."""
+        if prep.reference is not None:
+            return
+        if prep.workload.op != "tir":
+            prep.ensure_reference(lambda _msg: None, inp.trial_id)
+            return
+        timeout = inp.options.build_timeout_s + inp.options.run_timeout_s
+        try:
+            prep.reference = self._prebuilder.reference(inp.workload_spec, prep.seed, timeout)
+        except RuntimeError as exc:
+            raise _Failed(Invalidity.RUN_ERROR, str(exc)) from exc
 
     def _worker_tag(self) -> str:
         return f"{self.worker_id}@{self.board[0]}:{self.board[1]}" if self.board else self.worker_id
@@ -223,12 +244,13 @@ class RpcMeasurer:
     def _on_board(self, inp: MeasureInput, built: Built, prep: Prepared, packed: bool
                   ) -> tuple[tuple[float, ...], float | None]:
         opts = inp.options
+        assert built.path is not None  # a failed build never reaches a board
         self.last_steps = {}
         h: dict[str, Any] = {}  # holds every remote object (no local does): cleanup drops them
         try:
             with self._step("session"):
                 h["board"] = self._session(inp)
-            h["rt"] = self._upload(h["board"], built.path)
+            h["rt"] = self._upload(h["board"], built.path, built.sha256)
             with self._step("allocate"):
                 h["args"] = self._bounded(
                     lambda: random_args(built.params or [], h["board"].dev) if packed
@@ -242,11 +264,9 @@ class RpcMeasurer:
                 max_err = self._verify_whole(inp, prep, h)
             return latencies, max_err
         finally:
-            with self._step("cleanup"):
-                try:
-                    call_with_deadline(h.clear, CLEANUP_TIMEOUT_S, "rpc-cleanup")
-                except Exception:  # noqa: BLE001 - incl. a timeout: the session is gone anyway
-                    pass
+            # a failure, incl. a timeout, is fine: the session is gone anyway
+            with self._step("cleanup"), contextlib.suppress(Exception):
+                call_with_deadline(h.clear, CLEANUP_TIMEOUT_S, "rpc-cleanup")
             log.debug("trial %s on %s: %s", inp.trial_id, self._worker_tag(),
                       " ".join(f"{k} {v:.3f}s" for k, v in self.last_steps.items()))
 
@@ -268,11 +288,12 @@ class RpcMeasurer:
                 raise _Failed(Invalidity.WORKER_LOST, f"the RPC tracker {self.tracker[0]}:"
                               f"{self.tracker[1]} did not answer: {first_line(exc)}") from exc
             try:
-                sess = call_with_deadline(lambda: tv.rpc_connect(  # noqa: B023 - called now
-                    host, port, matchkey, session_timeout_s=session_s), max(left, 5.0), "rpc-connect")
+                connect = functools.partial(tv.rpc_connect, host, port, matchkey,
+                                            session_timeout_s=session_s)
+                sess = call_with_deadline(connect, max(left, 5.0), "rpc-connect")
                 self.board = (host, port)
                 return _Board(host, port, sess, sess.cpu(0))
-            except Exception as exc:  # noqa: BLE001 - a board that went away: ask again
+            except Exception as exc:  # a board that went away: ask again
                 last = f"; last error: {first_line(exc)}"
                 time.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
         raise _Failed(Invalidity.WORKER_LOST, f"no free board with key {self.key} within "
@@ -285,14 +306,20 @@ class RpcMeasurer:
         except _StepTimeout as exc:
             raise _Failed(Invalidity.WORKER_LOST,
                           f"{what} on the board did not finish within {timeout_s:g} s") from exc
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             raise _Failed(Invalidity.WORKER_LOST, f"{what} on the board failed: "
                           f"{first_line(exc)}") from exc
 
-    def _upload(self, board: _Board, path: str) -> Any:
+    def _upload(self, board: _Board, path: str, sha256: str | None) -> Any:
+        """Send the built library's bytes, once checked against the sha256 the builder took, and
+        load them on the board; a mismatch is a build_error, never a load."""
+        try:
+            data = checked_bytes(path, sha256)
+        except ArtifactError as exc:
+            raise _Failed(Invalidity.BUILD_ERROR, str(exc)) from exc
         with self._step("upload"):
             def send_and_load() -> Any:
-                board.sess.upload(path)
+                board.sess.upload(bytearray(data), os.path.basename(path))
                 return board.sess.load_module(os.path.basename(path))
 
             return self._bounded(send_and_load, STEP_TIMEOUT_S, "uploading and loading the library")
@@ -306,7 +333,7 @@ class RpcMeasurer:
                           f"{timeout_s:g} s on {board.name}; session abandoned") from exc
         except _Failed:
             raise
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             if is_connection_error(exc) and not server_alive(board.host, board.port):
                 raise _Failed(Invalidity.WORKER_LOST, f"the board {board.name} was lost while "
                               f"running the kernel: {first_line(exc)}") from exc
@@ -340,7 +367,7 @@ class RpcMeasurer:
         if whole.path is None:
             raise _Failed(whole.invalidity or Invalidity.BUILD_ERROR, whole.error_msg or "")
         try:
-            h["rt_whole"] = self._upload(h["board"], whole.path)
+            h["rt_whole"] = self._upload(h["board"], whole.path, whole.sha256)
         finally:
             self._prebuilder.discard(whole.path)
         with self._step("allocate"):

@@ -1,4 +1,4 @@
-"""The measuring child process: `python -m workers.sandbox RESPONSE_FD`.
+"""The measuring child process: `python -m workers.sandbox RESPONSE_FD [--drop=USER]`.
 
 Reads one `MeasureInput` JSON per line on stdin; for each it replays the trace onto the workload,
 builds, runs, verifies against the reference and times the kernel, writing progress messages and
@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import sys
+import tempfile
 import time
 import traceback
 from typing import Any
@@ -29,6 +31,7 @@ import numpy as np
 from tuner.measure import Invalidity, MeasureInput, MeasureResult
 from workers.evaluate import Prepared as _Prepared
 from workers.evaluate import check as _check  # noqa: F401 - tests import it from here
+from workers.evaluate import checked_bytes
 from workers.evaluate import first_line as _first_line
 from workers.evaluate import random_args as _random_args
 from workers.evaluate import run_and_check as _run_and_check
@@ -53,17 +56,17 @@ def measure_one(inp: MeasureInput, prep: _Prepared, send: Any) -> MeasureResult:
     try:
         target = tv.make_target(inp.target)
         if inp.artifact and inp.artifact_params is not None:  # built ahead by workers.builder
-            rt = tv.tvm.runtime.load_module(inp.artifact)
+            rt = _load_verified(tv, inp)
             params = list(inp.artifact_params)
         else:
             sch = _replay(prep, inp.trace_json)
             kernel_mod = tv.strip_layout_rewrite(sch.mod)
-            rt = (tv.tvm.runtime.load_module(inp.artifact) if inp.artifact
+            rt = (_load_verified(tv, inp) if inp.artifact
                   else tv.compile_module(kernel_mod, target))
             params = tv.param_specs(kernel_mod)
         packed = params != [(s, d) for _, s, d in prep.arg_specs]
-    except Exception as exc:  # noqa: BLE001 - a failed build is data
-        return MeasureResult.failure(tid, Invalidity.BUILD_ERROR, _first_line(exc))
+    except Exception as exc:  # a failed build is data
+        return MeasureResult.failure(tid, Invalidity.BUILD_ERROR, _why(exc))
     build_s = time.perf_counter() - t0
     send({"trial_id": tid, "phase": "running", "build_s": build_s})
     dev = tv.tvm.cpu(0)
@@ -80,8 +83,8 @@ def measure_one(inp: MeasureInput, prep: _Prepared, send: Any) -> MeasureResult:
             args = _random_args(params, dev)
             rt["main"](*args)  # warm-up of the timed kernel
         latencies = _time(rt, args, opts, dev)
-    except Exception as exc:  # noqa: BLE001
-        return MeasureResult.failure(tid, Invalidity.RUN_ERROR, _first_line(exc), build_s=build_s)
+    except Exception as exc:
+        return MeasureResult.failure(tid, Invalidity.RUN_ERROR, _why(exc), build_s=build_s)
     median = float(np.median(latencies))
     if packed and opts.verify and (opts.verify_below_s is None or median < opts.verify_below_s):
         send({"trial_id": tid, "phase": "building"})
@@ -89,18 +92,57 @@ def measure_one(inp: MeasureInput, prep: _Prepared, send: Any) -> MeasureResult:
             if sch is None:
                 sch = _replay(prep, inp.trace_json)
             rt_whole = tv.compile_module(sch.mod, target)
-        except Exception as exc:  # noqa: BLE001
-            return MeasureResult.failure(tid, Invalidity.BUILD_ERROR, _first_line(exc), build_s=build_s)
+        except Exception as exc:
+            return MeasureResult.failure(tid, Invalidity.BUILD_ERROR, _why(exc),
+                                         build_s=build_s)
         send({"trial_id": tid, "phase": "running"})
         try:
             _, ok, max_err, why = _run_and_check(rt_whole, prep, send, tid, dev)
-        except Exception as exc:  # noqa: BLE001
-            return MeasureResult.failure(tid, Invalidity.RUN_ERROR, _first_line(exc), build_s=build_s)
+        except Exception as exc:
+            return MeasureResult.failure(tid, Invalidity.RUN_ERROR, _why(exc),
+                                         build_s=build_s)
         if not ok:
             return MeasureResult.failure(tid, Invalidity.WRONG_ANSWER, why or "wrong answer",
                                          build_s=build_s, max_abs_err=max_err)
     return MeasureResult(trial_id=tid, invalidity=Invalidity.OK, latencies_s=latencies,
                          build_s=build_s, max_abs_err=max_err)
+
+
+def verified_artifact(inp: MeasureInput) -> str:
+    """A private copy of `inp.artifact` whose bytes hash to `inp.artifact_sha256`; the bytes are
+    read once, checked, and written to this process's own directory, so the file that is loaded is
+    exactly the one that was checked (a swap after the check cannot reach `load_module`)."""
+    assert inp.artifact is not None
+    data = checked_bytes(inp.artifact, inp.artifact_sha256)
+    fd, path = tempfile.mkstemp(suffix=os.path.splitext(inp.artifact)[1], prefix="artifact-")
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+    return path
+
+
+def _load_verified(tv: Any, inp: MeasureInput) -> Any:
+    """Load the checked private copy, then remove it (the loaded library stays mapped)."""
+    path = verified_artifact(inp)
+    try:
+        return tv.tvm.runtime.load_module(path)
+    finally:
+        os.remove(path)
+
+
+def _out_of_memory(exc: BaseException) -> bool:
+    text = f"{type(exc).__name__} {exc}".lower()
+    return isinstance(exc, MemoryError) or any(
+        w in text for w in ("memory", "bad_alloc", "cannot allocate", "alloc"))
+
+
+def _why(exc: BaseException) -> str:
+    """The error's first line; an allocation failure also names this process's address-space
+    limit (the likely cause in the sandbox)."""
+    msg = _first_line(exc)
+    soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+    if soft != resource.RLIM_INFINITY and _out_of_memory(exc):
+        msg += f" (sandbox address-space limit {soft >> 20} MiB)"
+    return msg
 
 
 def _replay(prep: _Prepared, trace_json: str) -> Any:
@@ -109,6 +151,23 @@ def _replay(prep: _Prepared, trace_json: str) -> Any:
     from schedules.registry import replay
 
     return replay(prep.mod, trace_json)
+
+
+def warm_imports() -> None:
+    """Import everything a measurement needs, for a child that then drops to a user who cannot
+    read the interpreter's own files."""
+    import ctypes  # noqa: F401
+    import subprocess  # noqa: F401
+
+    import schedules.registry  # noqa: F401
+    import tuner.workloads
+    from tuner import tvm_api as tv
+
+    target = tv.make_target({"kind": "llvm"})
+    wl = tuner.workloads.parse_spec({"op": "matmul", "shape": [4, 4, 4]})
+    rt = tv.compile_module(wl.mod(), target)
+    with tempfile.TemporaryDirectory() as d:
+        tv.tvm.runtime.load_module(tv.export_library(rt, os.path.join(d, "warm.so")))
 
 
 def _die_with_parent() -> None:
@@ -134,6 +193,12 @@ def main(argv: list[str]) -> int:
         out.write(json.dumps(msg) + "\n")
         out.flush()
 
+    drop = [a.split("=", 1)[1] for a in argv if a.startswith("--drop=")]
+    if drop:  # (started as root with the limits already set) imports first, then no root
+        warm_imports()
+        from tuner.isolation import Limits
+
+        Limits(memory_mb=None, cpu_s=None, fsize_mb=None, user=drop[0]).drop_now()
     prepared: dict[str, _Prepared] = {}
     send({"phase": "ready", "pid": os.getpid()})
     for line in sys.stdin:
@@ -145,10 +210,11 @@ def main(argv: list[str]) -> int:
             if prep is None:
                 prep = prepared[inp.workload_key] = _Prepared(inp.workload_spec)
             result = measure_one(inp, prep, send)
-        except Exception as exc:  # noqa: BLE001 - never die on bad input
+        except Exception as exc:  # never die on bad input
             traceback.print_exc()
-            result = MeasureResult.failure(inp.trial_id, Invalidity.BUILD_ERROR,
-                                           "could not prepare the workload: " + _first_line(exc))
+            inv = Invalidity.RUN_ERROR if _out_of_memory(exc) else Invalidity.BUILD_ERROR
+            result = MeasureResult.failure(inp.trial_id, inv,
+                                           "could not prepare the workload: " + _why(exc))
         send({"trial_id": inp.trial_id, "phase": "done", "result": json.loads(result.to_json())})
     return 0
 

@@ -1,4 +1,7 @@
-"""/v1/jobs: submit, read, list, cancel, a job's records, and its live events (SSE)."""
+"""/v1/jobs: submit, read, list, cancel, a job's records, and its live events (SSE).
+
+A user token sees only its own jobs (another owner's job is a 404, as if it did not exist);
+an admin token sees every job (`api.jobs.get`)."""
 
 from __future__ import annotations
 
@@ -21,59 +24,73 @@ router = APIRouter(prefix=f"{V1}/jobs", tags=["jobs"])
 
 _PROBLEMS: dict[int | str, dict[str, Any]] = {
     401: {"model": Problem}, 403: {"model": Problem}, 404: {"model": Problem},
-    422: {"model": Problem},
+    422: {"model": Problem}, 429: {"model": Problem, "description": "rate limited"},
 }
+_PAGED = {**_PROBLEMS, 400: {"model": Problem, "description": "`bad_cursor`: not a cursor "
+                                                              "this API handed out"}}
+CURSOR = ("The `next_cursor` of the previous page, unchanged (anything else: 400 "
+          "`bad_cursor`).")
 JOB_LOCATION = "/v1/jobs/{}"
+# an Idempotency-Key: 1-200 visible ASCII characters (spaces inside only); empty -> 422
+IDEMPOTENCY_KEY = r"^[!-~](?:[ -~]*[!-~])?$"
 
 
 @router.post("", status_code=202, response_model=JobPublic, responses={
-    **_PROBLEMS, 400: {"model": Problem, "description": "malformed JSON"}})
-def submit_job(body: JobCreate, response: Response, ctx: CtxDep, _: UserDep,
-               idempotency_key: Annotated[str | None, Header(max_length=200)] = None
-               ) -> dict[str, Any]:
-    """Validate and queue a tuning job. With an `Idempotency-Key`, repeating the same request
-    returns the same job; reusing the key for a different request is a 422
-    `idempotency_conflict`."""
-    done = jobs.submit(ctx, body, idempotency_key)
+    **_PROBLEMS, 400: {"model": Problem, "description": "malformed JSON"},
+    429: {"model": Problem, "description": "rate limited, or over a quota (`quota_exceeded`: "
+                                           "queued jobs, trials per job, queued trials)"}})
+def submit_job(body: JobCreate, response: Response, ctx: CtxDep, principal: UserDep,
+               idempotency_key: Annotated[str | None, Header(
+                   min_length=1, max_length=200, pattern=IDEMPOTENCY_KEY)] = None
+               ) -> JobPublic:
+    """Validate and queue a tuning job, owned by the caller's token. With an
+    `Idempotency-Key` (the caller's own: other owners' keys are unrelated), repeating the same
+    request returns the same job; reusing the key for a different request is a 422
+    `idempotency_conflict`. Over a quota: 429 `quota_exceeded` with `Retry-After`."""
+    done = jobs.submit(ctx, body, idempotency_key, principal)
     response.headers["Location"] = JOB_LOCATION.format(done.job.id)
     response.headers["Retry-After"] = "2"
-    return jobs_db.job_dict(ctx.store, done.job)
+    return jobs_db.job_view(ctx.store, done.job)
 
 
-@router.get("", response_model=JobPage, responses=_PROBLEMS)
-def list_jobs(ctx: CtxDep, _: UserDep, state: JobState | None = None,
+@router.get("", response_model=JobPage, responses=_PAGED)
+def list_jobs(ctx: CtxDep, principal: UserDep, state: JobState | None = None,
               limit: Annotated[int, Query(ge=1, le=500)] = 50,
-              cursor: Annotated[str | None, Query(max_length=500)] = None) -> dict[str, Any]:
-    """Jobs, newest first, one page at a time (pass `next_cursor` back as `cursor`)."""
-    rows, nxt = jobs_db.list_jobs(ctx.store, state=state, limit=limit, cursor=cursor)
-    return {"items": [jobs_db.job_dict(ctx.store, r) for r in rows], "next_cursor": nxt}
+              cursor: Annotated[str | None, Query(description=CURSOR)] = None) -> JobPage:
+    """The caller's jobs (an admin: everyone's), newest first, one page at a time (pass
+    `next_cursor` back as `cursor`)."""
+    rows, nxt = jobs_db.list_jobs(ctx.store, state=state, limit=limit, cursor=cursor,
+                                  owner=jobs.list_owner(principal))
+    return JobPage(items=[jobs_db.job_view(ctx.store, r) for r in rows], next_cursor=nxt)
 
 
 @router.get("/{job_id}", response_model=JobPublic, responses=_PROBLEMS)
-def get_job(job_id: str, ctx: CtxDep, _: UserDep) -> dict[str, Any]:
-    return jobs_db.job_dict(ctx.store, jobs.get(ctx, job_id))
+def get_job(job_id: str, ctx: CtxDep, principal: UserDep) -> JobPublic:
+    """One of the caller's jobs (an admin: any job), with its progress and best record."""
+    return jobs_db.job_view(ctx.store, jobs.get(ctx, job_id, principal))
 
 
 @router.post("/{job_id}/cancel", status_code=202, response_model=JobPublic, responses=_PROBLEMS)
-def cancel_job(job_id: str, ctx: CtxDep, _: UserDep) -> dict[str, Any]:
+def cancel_job(job_id: str, ctx: CtxDep, principal: UserDep) -> JobPublic:
     """Cancel (idempotent): a queued job is cancelled at once, a running one stops after its
     current candidate (CANCELLING, then CANCELLED); finished jobs are left as they are."""
-    return jobs_db.job_dict(ctx.store, jobs.cancel(ctx, job_id))
+    return jobs_db.job_view(ctx.store, jobs.cancel(ctx, job_id, principal))
 
 
-@router.get("/{job_id}/records", response_model=RecordPage, responses=_PROBLEMS)
-def job_records(job_id: str, ctx: CtxDep, _: UserDep,
+@router.get("/{job_id}/records", response_model=RecordPage, responses=_PAGED)
+def job_records(job_id: str, ctx: CtxDep, principal: UserDep,
                 limit: Annotated[int, Query(ge=1, le=1000)] = 100,
-                cursor: Annotated[str | None, Query(max_length=200)] = None) -> dict[str, Any]:
+                cursor: Annotated[str | None, Query(description=CURSOR)] = None) -> RecordPage:
     """A job's measured records in the order they were stored."""
-    items, nxt = jobs.records_page(ctx, job_id, limit=limit, cursor=cursor)
-    return {"items": items, "next_cursor": nxt}
+    items, nxt = jobs.records_page(ctx, job_id, principal, limit=limit, cursor=cursor)
+    return RecordPage(items=items, next_cursor=nxt)
 
 
 @router.get("/{job_id}/events", response_class=StreamingResponse, responses={
-    **_PROBLEMS, 200: {"content": {"text/event-stream": {}},
-                       "description": "Server-sent events: state, progress, record"}})
-async def job_events(job_id: str, ctx: CtxDep, _: UserDep,
+    **_PROBLEMS, 400: {"model": Problem, "description": "`bad_event_id`: not a stream id"},
+    200: {"content": {"text/event-stream": {}},
+          "description": "Server-sent events: state, progress, record"}})
+async def job_events(job_id: str, ctx: CtxDep, principal: UserDep,
                      last_event_id: Annotated[str | None, Header()] = None,
                      after: Annotated[str | None, Query(
                          description="Like Last-Event-ID, for clients that cannot set it")] = None
@@ -81,6 +98,6 @@ async def job_events(job_id: str, ctx: CtxDep, _: UserDep,
     """The job's events as `text/event-stream`, replayed after `Last-Event-ID` (else from the
     start); the stream ends after a "state" event with a terminal state."""
     start = parse_last_event_id(last_event_id or after)
-    await run_in_threadpool(jobs.get, ctx, job_id)  # 404 before the stream starts
+    await run_in_threadpool(jobs.get, ctx, job_id, principal)  # 404 before the stream starts
     return StreamingResponse(event_stream(ctx, job_id, start), media_type="text/event-stream",
                              headers=SSE_HEADERS)

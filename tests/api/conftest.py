@@ -105,22 +105,52 @@ def submit(client: Any) -> Callable[..., dict[str, Any]]:
     return run
 
 
+POSTING_WORKERS = ("w", "w1")  # the worker ids the API tests post results as (`result_for`)
+
+
 @pytest.fixture
-def result_for(ctx: Any) -> Callable[..., dict[str, Any]]:
-    """result_for(job, latency_s=..., invalidity=...) -> a worker's result post body."""
-    return lambda job, **kw: result_body(ctx, job, **kw)
+def result_for(ctx: Any, tokens: dict[str, str]) -> Callable[..., dict[str, Any]]:
+    """result_for(job, latency_s=..., invalidity=...) -> a worker's result post body, for a
+    trial issued to the job's device key. The workers "w" and "w1" exist (registered with the
+    `worker` token, on that device key) so tests can post as them."""
+    from tuner.db import models as m
+    from tuner.db.tokens import verify_token
+
+    token = verify_token(ctx.store, tokens["worker"])
+    assert token is not None
+
+    def make(job: dict[str, Any], **kw: Any) -> dict[str, Any]:
+        j = ctx.store.get_job(job["id"])
+        tref = ctx.store.get_target(j.target_id)
+        with ctx.store.session() as s:
+            for wid in POSTING_WORKERS:
+                if s.get(m.Worker, wid) is None:
+                    s.add(m.Worker(id=wid, name=wid, device_key=tref.device_key,
+                                   target_json=tref.target_json, capabilities_json="{}",
+                                   tvm_version="test", hostname="test", state="idle",
+                                   measured=0, failures=0, infra_failures=0,
+                                   registered_at=m.utcnow(), last_seen_at=m.utcnow(),
+                                   token_id=token.token_id))
+        return result_body(ctx, job, **kw)
+
+    return make
 
 
 @pytest.fixture
 def make_result() -> Callable[..., dict[str, Any]]:
-    """make_result(ctx, job, **kw): result_for for another app's context (e.g. live_server)."""
+    """make_result(ctx, job, **kw): result_for for another app's context (e.g. live_server);
+    the trial is issued, posting workers are not made."""
     return result_body
 
 
 def result_body(ctx: Any, job: dict[str, Any], *, latency_s: float | None = 1e-3,
                 invalidity: str = "ok", trial_id: str | None = None,
-                trace_json: str | None = None) -> dict[str, Any]:
-    """A worker's result post for `job`, with a real, replayable trace of its workload."""
+                trace_json: str | None = None, issue: bool = True,
+                device_key: str | None = None) -> dict[str, Any]:
+    """A worker's result post for `job`, with a real, replayable trace of its workload; its
+    trial is issued (`tuner.db.trials.issue`) to `device_key` (default: the job's) unless
+    `issue` is False."""
+    from tuner.db import trials
     from tuner.measure import Invalidity, MeasureInput, MeasureResult
 
     j = ctx.store.get_job(job["id"])
@@ -131,6 +161,9 @@ def result_body(ctx: Any, job: dict[str, Any], *, latency_s: float | None = 1e-3
         context={"job_id": job["id"], "workload_id": j.workload_id, "target_id": j.target_id,
                  "space": job["space"], "cand_hash": uuid.uuid4().hex[:16],
                  "decisions": [], "features_b64": None, "tvm_version": "test"})
+    if issue:
+        dkey = device_key or ctx.store.get_target(j.target_id).device_key
+        trials.issue(ctx.store, [inp], dkey, ttl_s=600)
     lat = (latency_s, latency_s * 1.01, latency_s * 0.99) if latency_s else ()
     res = MeasureResult(trial_id=trial_id, invalidity=Invalidity(invalidity), latencies_s=lat,
                         error_msg=None if invalidity == "ok" else "boom")

@@ -82,6 +82,7 @@ def test_revoked_token_is_refused_after_the_cache(client: Any, ctx: Any, tokens:
     ctx.tokens.clear()  # the in-process cache keeps a token for ttl_s; expire it now
     resp = client.get("/v1/jobs", headers=_auth(token))
     assert resp.status_code == 401
+    assert "revoked" in resp.json()["detail"]  # the holder of the real token may know why
 
 
 def test_health_endpoints_need_no_token(client: Any) -> None:
@@ -89,3 +90,4 @@ def test_health_endpoints_need_no_token(client: Any) -> None:
     assert client.get("/readyz").status_code == 200
     assert client.get("/metrics").status_code == 200
     assert client.get("/v1/openapi.json").status_code == 200
+

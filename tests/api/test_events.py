@@ -84,11 +84,9 @@ def test_replay_live_events_and_reconnect(client: Any, ctx: Any, user: dict[str,
 def test_stream_ends_from_sql_when_redis_lost_the_events(
         client: Any, ctx: Any, user: dict[str, str], redis_client: Any,
         submit: Callable[..., dict[str, Any]]) -> None:
-    from tuner.db import jobs as jobs_db
-
     job = submit(user)
-    jobs_db.transition(ctx.store, job["id"], "RUNNING")
-    jobs_db.transition(ctx.store, job["id"], "FAILED", error="no worker")
+    ctx.store.set_job_state(job["id"], "RUNNING")
+    ctx.store.set_job_state(job["id"], "FAILED", error="no worker")
     redis_client.delete(ctx.keys.events(job["id"]))  # e.g. FLUSHALL
     start = time.monotonic()
     with client.stream("GET", f"/v1/jobs/{job['id']}/events", headers=user) as resp:
@@ -116,9 +114,36 @@ def test_cancel_ends_a_waiting_stream(client: Any, ctx: Any, user: dict[str, str
     assert comments and comments[0].startswith(": keep-alive")
 
 
+@pytest.mark.parametrize("event_id", [
+    "not-an-id", "1-", "-1", "1-2-3", "18446744073709551616-0", "0-18446744073709551616",
+    "99999999999999999999-1", "١٢-٣", "1" * 200,
+])
 def test_bad_last_event_id(client: Any, user: dict[str, str],
-                           submit: Callable[..., dict[str, Any]]) -> None:
+                           submit: Callable[..., dict[str, Any]], event_id: str) -> None:
+    """Not `<ms>-<seq>`, a part at or above 2**64, non-ASCII digits, far too long: 400
+    `bad_event_id` (as a header and as `?after=`)."""
     job = submit(user)
-    resp = client.get(f"/v1/jobs/{job['id']}/events",
-                      headers={**user, "Last-Event-ID": "not-an-id"})
-    assert resp.status_code == 422 and resp.json()["code"] == "validation_error"
+    url = f"/v1/jobs/{job['id']}/events"
+    resp = client.get(url, headers={**user, "Last-Event-ID": event_id.encode()})
+    assert resp.status_code == 400 and resp.json()["code"] == "bad_event_id"
+    assert resp.headers["content-type"] == "application/problem+json"
+    resp = client.get(url, params={"after": event_id}, headers=user)
+    assert resp.status_code == 400 and resp.json()["code"] == "bad_event_id"
+
+
+def test_only_the_owner_and_admins_follow_a_job(client: Any, ctx: Any, user: dict[str, str],
+                                                admin: dict[str, str], redis_client: Any,
+                                                submit: Callable[..., dict[str, Any]]) -> None:
+    from tests.api.conftest import bearer
+    from tuner.db.tokens import create_token
+
+    job = submit(bearer(create_token(ctx.store, "user", name="alice")))
+    _publish(redis_client, ctx, job["id"], "state", {"state": "CANCELLED"})
+    url = f"/v1/jobs/{job['id']}/events"
+    other = client.get(url, headers=user)  # another user: as if the job did not exist
+    assert other.status_code == 404 and other.json()["code"] == "not_found"
+    assert "text/event-stream" not in other.headers["content-type"]
+    with client.stream("GET", url, headers=admin) as resp:
+        assert resp.status_code == 200
+        states = [d["state"] for _, t, d in _events(resp.iter_lines()) if t == "state"]
+    assert states == ["QUEUED", "CANCELLED"]

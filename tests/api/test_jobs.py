@@ -34,7 +34,8 @@ def test_submit_minimal_body(client: Any, ctx: Any, user: dict[str, str], redis_
     entries = redis_client.xrange(ctx.keys.jobs)
     assert [e[1] for e in entries] == [{"job_id": job["id"]}]
     events = redis_client.xrange(ctx.keys.events(job["id"]))
-    assert [(f["event"], json.loads(f["data"])["state"]) for _, f in events] == [("state", "QUEUED")]
+    assert [(f["event"], json.loads(f["data"])["state"]) for _, f in events] == [
+        ("state", "QUEUED")]
     got = client.get(resp.headers["location"], headers=user)
     assert got.status_code == 200 and got.json() == job
 
@@ -89,7 +90,8 @@ def test_list_with_cursor_and_state(client: Any, user: dict[str, str], submit: S
     bad = client.get("/v1/jobs", params={"state": "NOPE"}, headers=user)
     assert bad.status_code == 422 and bad.json()["code"] == "validation_error"
     bad = client.get("/v1/jobs", params={"cursor": "garbage!"}, headers=user)
-    assert bad.status_code == 422 and bad.headers["content-type"] == PROBLEM
+    assert bad.status_code == 400 and bad.headers["content-type"] == PROBLEM
+    assert bad.json()["code"] == "bad_cursor"
 
 
 def test_cancel_is_idempotent(client: Any, ctx: Any, user: dict[str, str], redis_client: Any,
@@ -107,10 +109,8 @@ def test_cancel_is_idempotent(client: Any, ctx: Any, user: dict[str, str], redis
 
 def test_cancel_running_job_becomes_cancelling(client: Any, ctx: Any, user: dict[str, str],
                                                submit: Submit) -> None:
-    from tuner.db import jobs as jobs_db
-
     job = submit(user)
-    jobs_db.transition(ctx.store, job["id"], "RUNNING")
+    ctx.store.set_job_state(job["id"], "RUNNING")
     resp = client.post(f"/v1/jobs/{job['id']}/cancel", headers=user)
     assert resp.status_code == 202 and resp.json()["state"] == "CANCELLING"
 
@@ -181,3 +181,52 @@ def test_submit_problems(client: Any, ctx: Any, user: dict[str, str], content: s
     if code == "validation_error":
         assert body["errors"] and all("loc" in e and "msg" in e for e in body["errors"])
     assert client.get("/v1/jobs", headers=user).json()["items"] == []  # nothing was created
+
+
+def test_responses_carry_exactly_the_declared_fields(
+        client: Any, user: dict[str, str], worker: dict[str, str], submit: Submit,
+        result_for: Callable[..., dict[str, Any]]) -> None:
+    """A job and its records answer with the fields JobPublic / RecordPublic declare, no more
+    (a field the view builds but does not declare would be dropped silently), no fewer."""
+    from api.schemas import JobPublic, RecordPublic
+
+    job = submit(user)
+    assert set(job) == set(JobPublic.model_fields)
+    assert job["options"] == {"batch_size": 16, "seed": 0}  # resolved from the settings
+    body = result_for(job, latency_s=2e-3)
+    assert client.post("/v1/workers/w1/results", json=body, headers=worker).status_code == 200
+    items = client.get(f"/v1/jobs/{job['id']}/records", headers=user).json()["items"]
+    assert [set(r) for r in items] == [set(RecordPublic.model_fields)]
+    assert items[0]["noisy"] is False  # 1 % spread, under TUNEFARM_NOISE_CV
+    assert items[0]["gflops"] == pytest.approx(2 * 128**3 / 2e-3 / 1e9, rel=0.05)
+    got = client.get(f"/v1/jobs/{job['id']}", headers=user).json()
+    assert set(got) == set(JobPublic.model_fields) and set(got["best"]) == {
+        "trial_id", "latency_s", "gflops"}
+
+
+@pytest.mark.parametrize("cursor", [
+    "garbage!", "x" * 201, "Y2Fy", "cjEyMzQ1Njc4OTAxMjM0NTY3ODkwMTIzNDU2Nzg5", "ci0x", "w6k",
+    "r1", "cjk5OTk5OTk5OTk5OTk5OTk5OTk5OTk5OTk5OTk5OTk5OQ", "A" * 5000,
+])
+def test_bad_record_cursor_is_a_400(client: Any, user: dict[str, str], submit: Submit,
+                                    cursor: str) -> None:
+    """Not base64, too long, "car", an id past 64 bits, a negative id, "é", not UTF-8 inside,
+    a huge integer, far too long: a 400 `bad_cursor` problem, never a 500."""
+    job = submit(user)
+    resp = client.get(f"/v1/jobs/{job['id']}/records", params={"cursor": cursor}, headers=user)
+    assert resp.status_code == 400, resp.text
+    assert resp.headers["content-type"] == PROBLEM
+    assert resp.json()["code"] == "bad_cursor" and resp.json()["field"] == "cursor"
+
+
+@pytest.mark.parametrize("cursor", [
+    "MjAyNHxhYmM", "fGFiYw", "bm8tc2VwYXJhdG9y", "A" * 600,
+    "MDAwMS0wMS0wMVQwMDowMDowMCswNTowMHxhYmM", "MjAyNC0wMS0wMXxhAGI",
+])
+def test_bad_job_cursor_is_a_400(client: Any, user: dict[str, str], cursor: str) -> None:
+    """A bad date, an empty date, no separator, too long, a date before year 1 in UTC, a NUL in
+    the job id: a 400 `bad_cursor` problem."""
+    resp = client.get("/v1/jobs", params={"cursor": cursor}, headers=user)
+    assert resp.status_code == 400, resp.text
+    assert resp.headers["content-type"] == PROBLEM
+    assert resp.json()["code"] == "bad_cursor"

@@ -27,7 +27,7 @@ def test_register_heartbeat_list(client: Any, api_settings: Any, worker: dict[st
     assert reg["lease_s"] == api_settings.lease_s
     assert reg["heartbeat_s"] == api_settings.heartbeat_s
     assert reg["max_deliveries"] == api_settings.max_deliveries
-    assert reg["redis_prefix"] == api_settings.redis_prefix
+    assert "redis_prefix" not in reg  # workers never see Redis
     hb = client.post(f"/v1/workers/{reg['id']}/heartbeat", headers=worker,
                      json={"state": "busy", "measured": 7, "failures": 1, "infra_failures": 0})
     assert hb.status_code == 200, hb.text
@@ -35,6 +35,27 @@ def test_register_heartbeat_list(client: Any, api_settings: Any, worker: dict[st
     listed = client.get("/v1/workers", headers=user).json()
     assert [(w["id"], w["name"], w["state"]) for w in listed] == [(reg["id"], "board-1", "busy")]
     assert listed[0]["target"]["kind"] == "llvm" and listed[0]["capabilities"] == {"threads": 2}
+
+
+def test_worker_responses_carry_every_declared_field(client: Any, worker: dict[str, str],
+                                                     user: dict[str, str]) -> None:
+    """GET /v1/workers and the heartbeat answer with exactly the fields WorkerPublic declares,
+    and WorkerPublic declares every field of the row (and the computed throughput)."""
+    import dataclasses
+
+    from api.schemas import WorkerPublic
+    from tuner.db.workers import WorkerRow
+
+    declared = set(WorkerPublic.model_fields)
+    assert {f.name for f in dataclasses.fields(WorkerRow)} | {"throughput_per_min"} == declared
+    reg = _register(client, worker).json()
+    hb = client.post(f"/v1/workers/{reg['id']}/heartbeat", headers=worker,
+                     json={"state": "busy", "measured": 6, "failures": 0, "infra_failures": 0})
+    assert set(hb.json()) == declared
+    listed = client.get("/v1/workers", headers=user).json()
+    assert [set(w) for w in listed] == [declared]
+    throughput = listed[0]["throughput_per_min"]
+    assert isinstance(throughput, float) and 0 < throughput <= 6 * 60  # 6 in at least 1 s
 
 
 def test_heartbeat_problems(client: Any, worker: dict[str, str]) -> None:
@@ -110,3 +131,51 @@ def test_bad_result_is_422(client: Any, ctx: Any, user: dict[str, str], worker: 
     assert resp.status_code == 422, resp.text
     assert resp.json()["code"] == "validation_error" and "Traceback" not in resp.text
     assert ctx.store.records(job_id=job["id"]) == []
+
+
+def test_a_worker_is_bound_to_the_token_that_registered_it(
+        client: Any, ctx: Any, worker: dict[str, str], admin: dict[str, str],
+        user: dict[str, str], submit: Callable[..., dict[str, Any]],
+        make_result: Callable[..., dict[str, Any]]) -> None:
+    """Another worker token can neither heartbeat nor post results as the worker (403); an
+    admin can; the record names the worker that posted."""
+    from tests.api.conftest import bearer
+    from tuner.db.tokens import create_token
+
+    reg = _register(client, worker).json()
+    other = bearer(create_token(ctx.store, "worker", name="worker-2"))
+    hb = {"state": "idle"}
+    resp = client.post(f"/v1/workers/{reg['id']}/heartbeat", json=hb, headers=other)
+    assert resp.status_code == 403 and resp.json()["code"] == "forbidden"
+    assert client.post(f"/v1/workers/{reg['id']}/heartbeat", json=hb,
+                       headers=admin).status_code == 200
+    job = submit(user)
+    body = make_result(ctx, job)
+    resp = client.post(f"/v1/workers/{reg['id']}/results", json=body, headers=other)
+    assert resp.status_code == 403 and resp.json()["code"] == "forbidden"
+    assert ctx.store.count_records() == 0
+    resp = client.post(f"/v1/workers/{reg['id']}/results", json=body, headers=worker)
+    assert resp.status_code == 200 and resp.json()["inserted"] is True
+    rec = ctx.store.record(body["input"]["trial_id"])
+    assert rec is not None and rec.worker == reg["id"]
+    resp = client.post("/v1/workers/not%20an%20id/heartbeat", json=hb, headers=worker)
+    assert resp.status_code == 422 and resp.json()["code"] == "validation_error"
+
+
+def test_a_failed_attempt_is_recorded_without_using_the_trial(
+        client: Any, ctx: Any, worker: dict[str, str], user: dict[str, str],
+        submit: Callable[..., dict[str, Any]], result_for: Callable[..., dict[str, Any]]) -> None:
+    """What the agent posts when its board died (worker_lost, under `<id[:20]>-lost-<hex>`) is
+    recorded; the trial's real result is still accepted afterwards."""
+    job = submit(user)
+    real = result_for(job, latency_s=1e-3)
+    tid = real["input"]["trial_id"]
+    attempt = f"{tid[:20]}-lost-0123abcd"
+    lost = _mutate(_mutate(_mutate(real, "input.trial_id", attempt), "result.trial_id", attempt),
+                   "result.invalidity", "worker_lost")
+    lost["result"].update(latencies_s=[], error_msg="the board died")
+    resp = client.post("/v1/workers/w1/results", json=lost, headers=worker)
+    assert resp.status_code == 200 and resp.json()["inserted"] is True, resp.text
+    resp = client.post("/v1/workers/w1/results", json=real, headers=worker)
+    assert resp.status_code == 200 and resp.json()["inserted"] is True, resp.text
+    assert sorted(r.trial_id for r in ctx.store.records(job_id=job["id"])) == sorted([tid, attempt])

@@ -12,13 +12,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
-
 from api.client import wait_ready
 from tests.conftest import kill_group
+from tests.support.targets import RUN_X86
 from tuner.db import Store
 from tuner.db.tokens import create_token
 
-TARGET = {"kind": "llvm", "mcpu": "znver4", "num-cores": 2}
+TARGET = RUN_X86
 
 
 def free_port() -> int:

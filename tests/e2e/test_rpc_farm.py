@@ -14,9 +14,9 @@ import pytest
 
 from tests.conftest import _reset_pg
 from tests.e2e.farm import TARGET, Farm
+from tests.support.rpcfarm import FarmProcess, LocalRpcFarm
 from tuner.db import Store
 from tuner.measure import Invalidity
-from workers.rpcfarm import FarmProcess, LocalRpcFarm
 
 pytestmark = pytest.mark.slow
 KEY = "board"

@@ -14,10 +14,11 @@ import pytest
 
 from schedules import registry
 from schedules.registry import TEMPLATES
+from tests.support.targets import RUN_X86
 from tuner import tvm_api as tv
 from tuner.workloads import parse_spec
 
-TARGET_SPEC = {"kind": "llvm", "mcpu": "znver4", "num-cores": 2}
+TARGET_SPEC = RUN_X86
 NCHWC, NHWC, DW = "conv2d-nchwc-x86", "conv2d-nhwc-x86", "depthwise-nchw-x86"
 
 
@@ -168,7 +169,7 @@ def test_applies_only_where_the_template_can_serve(target: Any) -> None:
     assert TEMPLATES[NCHWC].applies(nchw, target) and not TEMPLATES[NCHWC].applies(nhwc, target)
     assert TEMPLATES[NHWC].applies(nhwc, target) and not TEMPLATES[NHWC].applies(nchw, target)
     # output channels not a multiple of 16: the packed [O/16, ..., 16] layout cannot exist
-    for layout, tname in (("NCHW", NCHWC), ("NHWC", NHWC)):
+    for layout in ("NCHW", "NHWC"):
         odd = w("conv2d", [1, 8, 8, 8, 24, 3, 3], layout=layout)
         assert not any(TEMPLATES[t].applies(odd, target) for t in (NCHWC, NHWC, DW))
     # float16 is not what these fp32 micro-kernels compute

@@ -10,11 +10,12 @@ import numpy as np
 import pytest
 
 from schedules import registry
+from tests.support.targets import RUN_X86
 from tuner import tvm_api as tv
 from tuner.errors import SpecError
 from tuner.workloads import parse_spec
 
-X86 = tv.make_target({"kind": "llvm", "mcpu": "znver4", "num-cores": 2})
+X86 = tv.make_target(RUN_X86)
 
 # small shapes of each op that x86 templates serve
 SMALL = {
@@ -25,7 +26,8 @@ SMALL = {
     "softmax": [{"op": "softmax", "shape": [8, 64]}],
     "conv2d": [{"op": "conv2d", "shape": [1, 16, 10, 10, 32, 3, 3], "padding": 1},
                {"op": "conv2d", "shape": [1, 16, 11, 11, 16, 3, 3], "stride": 2, "dilation": 2},
-               {"op": "conv2d", "shape": [1, 16, 10, 10, 32, 3, 3], "padding": 1, "layout": "NHWC"}],
+               {"op": "conv2d", "shape": [1, 16, 10, 10, 32, 3, 3], "padding": 1,
+                "layout": "NHWC"}],
     "depthwise_conv2d": [{"op": "depthwise_conv2d", "shape": [1, 16, 12, 12, 3, 3], "padding": 1}],
 }
 
@@ -50,7 +52,8 @@ def check_outputs(sch: Any, workload: Any, target: Any) -> None:
     inputs = workload.make_inputs(3)
     dev = tv.tvm.cpu(0)
     args = [tv.tvm.runtime.tensor(a, dev) for a in inputs]
-    outs = [tv.tvm.runtime.tensor(np.zeros(s, d), dev) for _, s, d in workload.arg_specs()[len(inputs):]]
+    outs = [tv.tvm.runtime.tensor(np.zeros(s, d), dev)
+            for _, s, d in workload.arg_specs()[len(inputs):]]
     rt["main"](*args, *outs)
     rtol, atol = workload.tolerance()
     for got, ref in zip(outs, workload.reference(inputs), strict=True):
@@ -70,7 +73,8 @@ def _x86_cases() -> list[tuple[str, dict[str, Any]]]:
     return cases
 
 
-@pytest.mark.parametrize(("name", "spec"), _x86_cases(), ids=lambda v: v if isinstance(v, str) else v["op"])
+@pytest.mark.parametrize(("name", "spec"), _x86_cases(),
+                         ids=lambda v: v if isinstance(v, str) else v["op"])
 def test_random_points_of_the_space_build_and_are_correct(name: str, spec: dict[str, Any]) -> None:
     wl = parse_spec(spec)
     points = sample_points(registry.space_generator(name, wl, X86), wl, X86, n=6)
@@ -87,17 +91,18 @@ def test_a_trace_replays_to_the_same_program() -> None:
 
 
 def test_default_space_prefers_a_template_and_falls_back_to_auto() -> None:
-    assert registry.resolve("default", parse_spec({"op": "matmul", "shape": [64, 64, 64]}), X86) == "gemm-x86"
+    matmul = parse_spec({"op": "matmul", "shape": [64, 64, 64]})
+    assert registry.resolve("default", matmul, X86) == "gemm-x86"
     # no template for fp64 GEMM: the generated space serves it
     wl64 = parse_spec({"op": "matmul", "shape": [64, 64, 64], "dtype": "float64"})
     assert registry.resolve("default", wl64, X86) == "auto"
     arm = tv.make_target({"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mattr": ["+neon"]})
-    assert "gemm-x86" not in registry.spaces_for(parse_spec({"op": "matmul", "shape": [64, 64, 64]}), arm)
+    assert "gemm-x86" not in registry.spaces_for(matmul, arm)
 
 
 def test_bad_space_names_are_refused_with_the_known_ones() -> None:
     wl = parse_spec({"op": "softmax", "shape": [4, 8]})
-    with pytest.raises(SpecError, match="unknown space 'nope'.*auto"):
+    with pytest.raises(SpecError, match=r"unknown space 'nope'.*auto"):
         registry.resolve("nope", wl, X86)
     with pytest.raises(SpecError, match="does not apply"):
         registry.resolve("gemm-x86", wl, X86)

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import Counter
+from typing import Any
 
 import pytest
 import redis
-from fakefarm import FakeWorker, make_inputs, make_job, ok_result
 
+from tests.support.fakefarm import FakeWorker, make_inputs, make_job, ok_result
+from tests.support.targets import RUN_X86
 from tuner.db import Store
 from tuner.measure import Invalidity, MeasureResult
 from tuner.queue import Keys, streams
@@ -73,8 +76,8 @@ def test_no_worker_within_queue_wait_is_worker_lost(r: redis.Redis, keys: Keys,
                                                      store: Store) -> None:
     (inp,) = make_inputs(make_job(store), 1)
     m = _measurer(r, keys, store, queue_wait_s=0.5)
+    t0 = time.monotonic()  # the wait counts from when the trial was enqueued (in prepare)
     m.prepare([inp])
-    t0 = time.monotonic()
     res = m.measure_one(inp)
     assert 0.5 <= time.monotonic() - t0 < 5
     assert res.invalidity is Invalidity.WORKER_LOST
@@ -137,3 +140,63 @@ def test_flush_while_a_worker_holds_the_entry(private_redis_url: str, store: Sto
         assert out[0].ok and m.requeued == 1
     finally:
         r.close()
+
+
+def test_the_tuner_never_writes_a_record_the_farm_committed(
+        r: redis.Redis, keys: Keys, store: Store, redis_url: str,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """One writer per record: in the service the API's results endpoint (here the fake worker)
+    commits each trial; the search loop, measuring through RemoteMeasurer (commits_records),
+    reads the result back and writes nothing for it."""
+    from tests.support.search import small_search
+    from tuner.measure import MeasureOptions
+    from tuner.search import Tuner, TuneRequest
+    from tuner.workloads import parse_spec
+
+    small_search(monkeypatch)
+    writers: list[tuple[str, threading.Thread]] = []
+    add = store.add_records
+
+    def spy(records: Any) -> int:
+        writers.extend((rec.trial_id, threading.current_thread()) for rec in records)
+        return add(records)
+
+    monkeypatch.setattr(store, "add_records", spy)
+    req = TuneRequest(workload=parse_spec({"op": "matmul", "shape": [16, 16, 16]}),
+                      target={**RUN_X86, "num-cores": 1}, trials=6,
+                      device_key="dev", space="gemm-x86", batch_size=3,
+                      options=MeasureOptions(num_threads=1))
+    m = _measurer(r, keys, store)
+    assert m.commits_records
+    with FakeWorker(redis_url, keys, store) as w:
+        summary = Tuner(store, m).run(req)
+    rows = store.records(job_id=summary.job_id)
+    assert summary.trials_done == len(rows) == 6
+    assert sorted(w.seen) == sorted(row.trial_id for row in rows)
+    assert Counter(tid for tid, _ in writers) == {row.trial_id: 1 for row in rows}
+    assert all(thread is w.thread for _, thread in writers)  # the farm wrote them all
+
+
+def test_every_trial_is_issued_before_it_is_enqueued(r: redis.Redis, keys: Keys,
+                                                      store: Store) -> None:
+    """prepare() and an unprepared measure_one() issue each trial in SQL for the measurer's
+    device key (the API accepts results only for issued trials), valid at least as long as
+    the measurer waits; issuing again (a re-enqueue) keeps one row per trial."""
+    from datetime import timedelta
+
+    from tuner.db import trials
+    from tuner.db.models import utcnow
+
+    job = make_job(store)
+    a, b = make_inputs(job, 2)
+    m = _measurer(r, keys, store, queue_wait_s=0.3, trial_ttl_s=120)
+    m.prepare([a, a])
+    row = trials.issued(store, a.trial_id)
+    assert row is not None and row.device_key == "dev" and row.job_id == job.id
+    assert row.expires_at > utcnow() + timedelta(seconds=100)
+    assert trials.issued(store, b.trial_id) is None
+    assert m.measure_one(b).invalidity is Invalidity.WORKER_LOST  # nobody measures it
+    assert trials.issued(store, b.trial_id) is not None
+    m.prepare([b])
+    assert r.xlen(keys.measure("dev")) == 2
+    m.discard()

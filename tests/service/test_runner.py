@@ -6,15 +6,16 @@ from __future__ import annotations
 import json
 import threading
 import time
+from datetime import timedelta
 from typing import Any
 
 import pytest
 import redis
-from fakefarm import FakeWorker
 
+from tests.support.fakefarm import FakeWorker
 from tuner import tvm_api as tv
 from tuner.config import Settings
-from tuner.db import Store
+from tuner.db import Store, models
 from tuner.db import jobs as jobdb
 from tuner.db.models import JobState
 from tuner.measure import Invalidity
@@ -29,8 +30,8 @@ TARGET = {"kind": "llvm", "num-cores": 1}
 
 
 def _settings(**kw: Any) -> Settings:
-    base: dict[str, Any] = {"job_lease_s": 1.5, "lease_s": 1.0, "queue_wait_s": 30.0, "num_threads": 1,
-                                "batch_size": 4, "min_repeat_ms": 1.0, "repeats": 1}
+    base: dict[str, Any] = {"job_lease_s": 1.5, "lease_s": 1.0, "queue_wait_s": 30.0,
+                            "num_threads": 1, "batch_size": 4, "min_repeat_ms": 1.0, "repeats": 1}
     base.update(kw)
     return Settings(**base)
 
@@ -98,7 +99,7 @@ def test_job_of_a_dead_tuner_is_resumed_after_its_lease(store: Store, r: redis.R
         assert _measured(store, job_id) == 2
         # a tuner took the extended job, measured nothing more, and died holding its lease
         store.update_job_trials(job_id, 4)
-        jobdb.transition(store, job_id, JobState.RUNNING, reopen=True)
+        store.set_job_state(job_id, JobState.RUNNING, reopen=True)
         assert jobdb.claim(store, "dead-tuner", 1.0, job_id=job_id) is not None
         assert _run(store, redis_url, keys, once=True) == 0  # the lease still holds
         assert store.get_job(job_id).state is JobState.RUNNING  # type: ignore[union-attr]
@@ -196,3 +197,61 @@ def test_tuner_polls_sql_when_the_stream_lost_the_job(private_redis_url: str, st
         assert store.get_job(job_id).state is JobState.SUCCEEDED  # type: ignore[union-attr]
     finally:
         r.close()
+
+
+def test_claims_are_fair_across_owners(store: Store, r: redis.Redis, keys: Keys) -> None:
+    """Three queued jobs of owner A, then one of owner B: the second claim takes B's job (A
+    already has one running), the third goes back to A's oldest waiting job."""
+    made = {}
+    for name in ("a1", "a2", "a3", "b1"):
+        made[name] = submit(store, r, keys)
+        with store.session() as s:  # what POST /v1/jobs stores for the principal
+            s.get(models.Job, made[name]).owner = "owner-" + name[0]
+    order = [jobdb.claim(store, f"tuner-{i}", 30) for i in range(4)]
+    assert [j.id if j else None for j in order] == [made[n] for n in ("a1", "b1", "a2", "a3")]
+    assert order[1] is not None and order[1].owner == "owner-b"
+
+
+def test_wall_budget_counts_from_the_start_not_the_submission(
+        store: Store, r: redis.Redis, keys: Keys, redis_url: str) -> None:
+    """A job queued for an hour still gets its whole budget once it runs."""
+    job_id = submit(store, r, keys, trials=40, wall_budget_s=0.8)
+    with store.session() as s:
+        s.get(models.Job, job_id).created_at = models.utcnow() - timedelta(hours=1)
+    with FakeWorker(redis_url, keys, store, delay_s=0.2):
+        assert _run(store, redis_url, keys, once=True) == 1
+    job = store.get_job(job_id)
+    assert job is not None and job.state is JobState.SUCCEEDED and job.started_at is not None
+    assert 1 <= _measured(store, job_id) < 40
+
+
+def test_the_worker_gets_the_job_deadline() -> None:
+    """Each input's run deadline is capped to the job's wall time left (1 s at least)."""
+    from dataclasses import replace as dc_replace
+
+    from tuner.measure import MeasureInput, MeasureOptions
+    from tuner.service.runner import MIN_RUN_TIMEOUT_S, _Deadlined
+
+    class Inner:
+        commits_records = True
+
+        def __init__(self) -> None:
+            self.prepared: list[MeasureInput] = []
+
+        def prepare(self, inputs: list[MeasureInput]) -> None:
+            self.prepared += inputs
+
+    left: list[float | None] = [None]
+    inner = Inner()
+    m = _Deadlined(inner, lambda: left[0])  # type: ignore[arg-type]
+    inp = MeasureInput(trial_id="t", workload_key="w", workload_spec={}, target={},
+                       trace_json="[]", options=MeasureOptions(run_timeout_s=30.0))
+    assert m.capped(inp) is inp  # no budget
+    left[0] = 5.0
+    m.prepare([inp])
+    assert inner.prepared[0].options.run_timeout_s == pytest.approx(5.0)
+    assert inner.prepared[0].options.build_timeout_s == inp.options.build_timeout_s
+    left[0] = -3.0
+    assert m.capped(inp).options.run_timeout_s == MIN_RUN_TIMEOUT_S
+    short = dc_replace(inp, options=MeasureOptions(run_timeout_s=0.5))
+    assert m.capped(short) is short  # already shorter

@@ -10,13 +10,15 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
 
+from tests.support.targets import RUN_X86
 from tuner.db import JobState, Store
 
-TARGET = json.dumps({"kind": "llvm", "mcpu": "znver4", "num-cores": 2})
+TARGET = json.dumps(RUN_X86)
 
 
 def _cli() -> list[str]:
@@ -25,8 +27,8 @@ def _cli() -> list[str]:
 
 
 def _env(tmp_path: Path) -> dict[str, str]:
-    return {**os.environ, "TUNEFARM_DATA_DIR": str(tmp_path / "data"), "TUNEFARM_MIN_REPEAT_MS": "2",
-            "TUNEFARM_REPEATS": "3", "COLUMNS": "200"}
+    return {**os.environ, "TUNEFARM_DATA_DIR": str(tmp_path / "data"),
+            "TUNEFARM_MIN_REPEAT_MS": "2", "TUNEFARM_REPEATS": "3", "COLUMNS": "200"}
 
 
 def run(args: list[str], tmp_path: Path, timeout: float = 300) -> subprocess.CompletedProcess[str]:
@@ -49,7 +51,7 @@ def run(args: list[str], tmp_path: Path, timeout: float = 300) -> subprocess.Com
     ],
 )
 def test_bad_input_is_a_clear_error(args: list[str], fragment: str, tmp_path: Path) -> None:
-    out = run(args + ["--db", f"sqlite:///{tmp_path / 'x.db'}"], tmp_path, timeout=120)
+    out = run([*args, "--db", f"sqlite:///{tmp_path / 'x.db'}"], tmp_path, timeout=120)
     assert out.returncode == 2, out.stdout + out.stderr
     assert fragment in out.stderr
     assert "Traceback" not in out.stderr
@@ -123,10 +125,110 @@ def test_sigkill_loses_no_record_and_the_rerun_resumes(db_url: str, tmp_path: Pa
     rec = json.loads(best.stdout)
     fastest = min((r for r in after if r.median_s is not None), key=lambda r: r.median_s)
     assert rec["trial_id"] == fastest.trial_id and rec["invalidity"] == "ok"
-    assert rec["workload_key"].startswith("matmul-") and rec["target"]["mcpu"] == "znver4"
+    assert rec["workload_key"].startswith("matmul-") and rec["target"]["mcpu"] == RUN_X86["mcpu"]
     assert rec["gflops"] == pytest.approx(2 * 64**3 / rec["latency_s"] / 1e9)
     assert isinstance(rec["trace"], list) and rec["latencies_s"]
 
     listed = run(["records", "--json", "--limit", "3", "--db", db_url], tmp_path)
     assert listed.returncode == 0 and len(json.loads(listed.stdout)) == 3
+    store.close()
+
+
+# --- tokens: `tunefarm token create|list|revoke` and the tokens `tunefarm up` keeps ----------
+
+
+def _tf(*args: str) -> Any:
+    from typer.testing import CliRunner
+
+    from tuner.cli import app
+
+    return CliRunner().invoke(app, list(args))
+
+
+def test_token_create_list_revoke(tmp_path: Path) -> None:
+    db = f"sqlite:///{tmp_path / 't.db'}"
+    made = _tf("token", "create", "--scope", "worker", "--name", "rack", "--expires-in", "2h",
+               "--device-key", "zen5", "--db", db)
+    assert made.exit_code == 0, made.output
+    tok = made.stdout.strip()
+    assert tok.startswith("tf_") and "\n" not in tok and "expires" in made.stderr
+    forever = _tf("token", "create", "--name", "rack", "--scope", "worker", "--expires-in",
+                  "never", "--db", db)
+    assert forever.exit_code == 0 and "never expires" in forever.stderr
+    assert _tf("token", "create", "--name", "ci", "--db", db).exit_code == 0  # default: 90d
+
+    listed = _tf("token", "list", "--json", "--db", db)
+    assert listed.exit_code == 0 and tok not in listed.output and "hash" not in listed.output
+    rows = {(t["name"], t["id"]): t for t in json.loads(listed.stdout)}
+    assert [t["id"] for t in rows.values()] == [3, 2, 1]  # newest first
+    assert rows["rack", 1]["device_key"] == "zen5" and rows["rack", 1]["state"] == "active"
+    assert rows["rack", 2]["expires_at"] is None and rows["ci", 3]["expires_at"] is not None
+    table = _tf("token", "list", "--db", db)
+    assert table.exit_code == 0 and "rack" in table.stdout and tok not in table.stdout
+
+    assert _tf("token", "revoke", "3", "--db", db).exit_code == 0
+    assert _tf("token", "revoke", "3", "--db", db).exit_code == 0  # idempotent
+    by_name = _tf("token", "revoke", "--name", "rack", "--db", db)
+    assert by_name.exit_code == 0 and by_name.stdout.count("revoked token") == 2
+    states = {t["id"]: t["state"] for t in json.loads(_tf("token", "list", "--json", "--db",
+                                                           db).stdout)}
+    assert states == {1: "revoked", 2: "revoked", 3: "revoked"}
+
+
+@pytest.mark.parametrize(("args", "fragment"), [
+    (["create", "--expires-in", "1w"], "expires-in"),
+    (["create", "--expires-in", "0d"], "expires-in"),
+    (["create", "--name", "local"], "reserved"),
+    (["create", "--name", "token-12"], "reserved"),
+    (["create", "--scope", "root"], "unknown scope"),
+    (["create", "--scope", "user", "--device-key", "zen5"], "only worker tokens"),
+    (["revoke", "42"], "no token 42"),
+    (["revoke", "--name", "nobody"], "no unrevoked token named 'nobody'"),
+    (["revoke"], "name one token id"),
+    (["revoke", "1", "--name", "x"], "name one token id"),
+])
+def test_token_bad_input_is_a_clear_error(args: list[str], fragment: str, tmp_path: Path) -> None:
+    out = _tf("token", *args, "--db", f"sqlite:///{tmp_path / 't.db'}")
+    assert out.exit_code == 2, out.output
+    assert fragment in out.stderr and "Traceback" not in out.output and "tf_" not in out.stdout
+
+
+def _principal(store: Store, token: str) -> Any:
+    from tuner.db.tokens import verify_token
+
+    p = verify_token(store, token)
+    assert p is not None
+    return p
+
+
+def test_up_reuses_its_saved_tokens(tmp_path: Path) -> None:
+    from tuner.cli.tokens import up_tokens
+    from tuner.db.tokens import create_token, list_tokens, revoke_token
+
+    store = Store(f"sqlite:///{tmp_path / 'u.db'}")
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "token").write_text("stale")
+    (data / "token").chmod(0o644)
+    first, reused = up_tokens(store, data, "local")
+    assert not reused and len(list_tokens(store)) == 2
+    for scope, fname in (("user", "token"), ("worker", "worker-token")):
+        assert (data / fname).read_text().strip() == first[scope]
+        assert (data / fname).stat().st_mode & 0o777 == 0o600
+    assert _principal(store, first["worker"]).device_key == "local"
+
+    again, reused = up_tokens(store, data, "local")
+    assert reused and again == first and len(list_tokens(store)) == 2
+
+    revoke_token(store, _principal(store, first["worker"]).token_id)
+    third, reused = up_tokens(store, data, "local")
+    assert not reused and third["user"] == first["user"] and third["worker"] != first["worker"]
+
+    other_key, _ = up_tokens(store, data, "zen5")  # the worker's device key changed
+    assert other_key["worker"] != third["worker"]
+    (data / "token").write_text(other_key["worker"])  # a token of the wrong scope
+    assert up_tokens(store, data, "zen5")[0]["user"] != first["user"]
+    (data / "token").write_text(create_token(store, "user", "x", expires_in_s=3600))
+    soon, reused = up_tokens(store, data, "zen5")  # expiring within a day: replaced
+    assert not reused and _principal(store, soon["user"]).name == "tunefarm up"
     store.close()

@@ -49,7 +49,7 @@ def test_migrations_from_zero_match_models(db_url: str) -> None:
     with Store(db_url, auto_upgrade=False) as s:
         assert s.current_revision() is None
         s.upgrade()
-        assert s.current_revision() == s.head_revision() == "0002"
+        assert s.current_revision() == s.head_revision() == "0003"
         s.upgrade()  # idempotent
         with s.engine.connect() as conn:
             diff = compare_metadata(MigrationContext.configure(conn, opts={"compare_type": True}),
@@ -61,14 +61,14 @@ def test_migrations_from_zero_match_models(db_url: str) -> None:
             command.downgrade(cfg, "base")
         assert s.current_revision() is None
         s.upgrade()
-        assert s.current_revision() == "0002"
+        assert s.current_revision() == "0003"
 
 
 def test_out_of_date_schema_names_the_fix(db_url: str) -> None:
     with Store(db_url, auto_upgrade=False) as s:  # opening does not fail: the CLI must upgrade
         with pytest.raises(DatabaseError, match=UPGRADE_COMMAND) as info:
             s.count_records()
-        assert UPGRADE_COMMAND == "tunefarm db upgrade" and "0002" in str(info.value)
+        assert UPGRADE_COMMAND == "tunefarm db upgrade" and "0003" in str(info.value)
         s.upgrade()
         assert s.count_records() == 0
 
@@ -80,7 +80,7 @@ def test_auto_upgrade_and_settings_url(tmp_path: Any, monkeypatch: pytest.Monkey
     get_settings.cache_clear()
     try:
         with Store() as s:
-            assert s.current_revision() == "0002" and (tmp_path / "sub/dir/t.db").exists()
+            assert s.current_revision() == "0003" and (tmp_path / "sub/dir/t.db").exists()
             with s.engine.connect() as conn:
                 assert conn.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
                 assert conn.exec_driver_sql("PRAGMA foreign_keys").scalar() == 1
@@ -101,9 +101,8 @@ def test_database_errors_are_wrapped(store: Store, ids: tuple[int, int]) -> None
     with pytest.raises(DatabaseError, match="database error"):  # foreign keys are enforced
         store.add_records([_rec("t-orphan", wid + 1000, tid)])
     assert store.count_records() == 0
-    with pytest.raises(DatabaseError):
-        with store.session() as s:
-            s.execute(text("SELECT * FROM no_such_table"))
+    with pytest.raises(DatabaseError), store.session() as s:
+        s.execute(text("SELECT * FROM no_such_table"))
 
 
 # --- workloads and targets ------------------------------------------------------------------
@@ -120,7 +119,8 @@ def test_ensure_workload_and_target_are_idempotent(store: Store) -> None:
     assert store.workload_by_key("nope") is None and store.workload_by_shash("f" * 16) == []
 
     t1 = store.ensure_target(TARGET, "local")
-    t2 = store.ensure_target('{"num-cores":2,"keys":["cpu"],"mcpu":"znver5","kind":"llvm"}', "local")
+    t2 = store.ensure_target('{"num-cores":2,"keys":["cpu"],"mcpu":"znver5","kind":"llvm"}',
+                             "local")
     assert t1 == t2  # the JSON is canonicalized
     canon = '{"keys":["cpu"],"kind":"llvm","mcpu":"znver5","num-cores":2}'
     assert t1.target_json == canon and t1.device_key == "local"
@@ -135,9 +135,10 @@ def test_concurrent_ensure_workload(db_url: str, store: Store) -> None:
     stores = [Store(db_url) for _ in range(2)]
     try:
         for round_ in range(3):
-            barrier, got = threading.Barrier(2), []
+            barrier, got = threading.Barrier(2), list[int]()
 
-            def work(s: Store, key: str = f"race-{round_}") -> None:
+            def work(s: Store, key: str = f"race-{round_}", barrier: threading.Barrier = barrier,
+                     got: list[int] = got) -> None:
                 barrier.wait()
                 got.append(_workload(s, key=key))
 
@@ -156,7 +157,7 @@ def test_add_records_is_idempotent(store: Store, ids: tuple[int, int]) -> None:
     batch = [_rec(f"t{i}", wid, tid, median=1e-3 * (i + 1)) for i in range(3)]
     assert store.add_records(batch) == 3
     assert store.add_records(batch) == 0
-    assert store.add_records(batch + [_rec("t3", wid, tid), _rec("t3", wid, tid)]) == 1
+    assert store.add_records([*batch, _rec("t3", wid, tid), _rec("t3", wid, tid)]) == 1
     assert store.add_records([]) == 0
     assert store.count_records() == 4 == store.count_records(workload_id=wid, target_id=tid)
     rows = store.records(workload_id=wid)
@@ -174,9 +175,10 @@ def test_concurrent_add_records_one_row_per_trial(db_url: str, store: Store,
     try:
         for round_ in range(4):
             batch = [_rec(f"r{round_}-{i}", wid, tid) for i in range(20)]
-            barrier, inserted = threading.Barrier(2), []
+            barrier, inserted = threading.Barrier(2), list[int]()
 
-            def work(s: Store, batch: list[NewRecord] = batch) -> None:
+            def work(s: Store, batch: list[NewRecord] = batch,
+                     barrier: threading.Barrier = barrier, inserted: list[int] = inserted) -> None:
                 barrier.wait()
                 inserted.append(s.add_records(batch))
 
@@ -194,7 +196,7 @@ def _run_threads(fn: Any, stores: list[Store]) -> None:
     def wrapped(s: Store) -> None:
         try:
             fn(s)
-        except BaseException as exc:  # noqa: BLE001 - re-raised in the main thread
+        except BaseException as exc:  # re-raised in the main thread
             errors.append(exc)
 
     threads = [threading.Thread(target=wrapped, args=(s,)) for s in stores]

@@ -108,7 +108,8 @@ def test_failed_runs_and_target_bound_views(db_url: str, hand_schedule: tuple[An
         db.commit_tuning_record(_record(db, mod, plain, znver5, [5e-4]))
         bound = TunefarmDatabase(store, target=skylake)
         assert len(bound) == 1 and bound.get_top_k(bound.commit_workload(mod), 3) == []
-        assert len(TunefarmDatabase(store, target=znver5).get_top_k(db.commit_workload(mod), 3)) == 1
+        top = TunefarmDatabase(store, target=znver5).get_top_k(db.commit_workload(mod), 3)
+        assert len(top) == 1
 
 
 def test_workloads_stored_by_other_components_are_matched(

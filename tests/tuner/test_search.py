@@ -6,14 +6,17 @@ from typing import Any
 
 import pytest
 
+from tests.support.fakes import FlakyMeasurer
+from tests.support.targets import RUN_X86
 from tuner.db import JobState, Store
 from tuner.measure import Invalidity, MeasureOptions
 from tuner.records import best_record
-from tuner.search.loop import Progress, Tuner, TuneRequest
+from tuner.search import Progress, Tuner, TuneRequest
+from tuner.search.history import trained_cost_model
 from tuner.workloads import parse_spec
 from workers.local import LocalMeasurer
 
-TARGET = {"kind": "llvm", "mcpu": "znver4", "num-cores": 2}
+TARGET = RUN_X86
 OPTS = MeasureOptions(min_repeat_ms=2, repeats=3, num_threads=2)
 
 pytestmark = pytest.mark.slow
@@ -89,29 +92,14 @@ def test_cost_model_starts_from_the_targets_history(store: Store) -> None:
         assert tref is not None
         rows = store.training_rows(tref.id)
         assert len(rows) == 4 and all(len(r[1]) == 4 * FEATURE_DIM for r in rows)
-        model = tuner._cost_model(_req({"op": "matmul", "shape": [48, 48, 48]}, 4), tref)
+        model = trained_cost_model(store, tref, seed=0)
         assert model.size == 4
-
-
-class _FlakyMeasurer:
-    """Loses every other attempt (as a dead board would), then measures for real."""
-
-    def __init__(self, inner: LocalMeasurer, *, always_lose: bool = False) -> None:
-        self.inner, self.always_lose, self.calls = inner, always_lose, 0
-
-    def measure_one(self, inp: Any) -> Any:
-        from tuner.measure import MeasureResult
-
-        self.calls += 1
-        if self.always_lose or self.calls % 2 == 1:
-            return MeasureResult.failure(inp.trial_id, Invalidity.WORKER_LOST, "board went away")
-        return self.inner.measure_one(inp)
 
 
 def test_infrastructure_failures_are_retried_and_never_counted(store: Store) -> None:
     spec = {"op": "matmul", "shape": [32, 32, 32]}
     with LocalMeasurer() as m:
-        summary = Tuner(store, _FlakyMeasurer(m)).run(_req(spec, 3))
+        summary = Tuner(store, FlakyMeasurer(m)).run(_req(spec, 3))
     rows = store.records(job_id=summary.job_id)
     lost = [r for r in rows if r.invalidity is Invalidity.WORKER_LOST]
     real = [r for r in rows if r.invalidity is not Invalidity.WORKER_LOST]
@@ -126,7 +114,7 @@ def test_a_dead_farm_fails_the_job_instead_of_spinning(store: Store) -> None:
 
     spec = {"op": "matmul", "shape": [16, 16, 16]}
     with LocalMeasurer() as m, pytest.raises(TunefarmError, match="worker_lost"):
-        Tuner(store, _FlakyMeasurer(m, always_lose=True)).run(_req(spec, 4))
+        Tuner(store, FlakyMeasurer(m, always_lose=True)).run(_req(spec, 4))
     (job,) = [store.get_job(r.job_id) for r in store.records()[:1]]
     assert job is not None and job.state == JobState.FAILED
 

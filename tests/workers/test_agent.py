@@ -1,9 +1,11 @@
 """workers.agent against the real API (`tunefarm serve` in its own process group), Redis and
-SQL. The measurer is a fake (the queue protocol is the point; LocalMeasurer has its own tests
-and the e2e test runs the real one)."""
+SQL. The worker talks only to the API (lease, renew, ack, dead-letter, results, heartbeats);
+the tests enqueue and inspect Redis as the tuner would. The measurer is a fake (the queue
+protocol is the point; LocalMeasurer has its own tests and the e2e test runs the real one)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -20,11 +22,12 @@ import pytest
 import redis
 
 from api.client import Client, wait_ready
-
-from tuner.db import Store
+from tests.support.fakes import FakeMeasurer, FlakyBoard
+from tests.support.targets import RUN_X86
+from tuner.db import Store, trials
 from tuner.db import workers as workerdb
 from tuner.db.tokens import create_token
-from tuner.measure import Invalidity, MeasureInput, MeasureResult
+from tuner.measure import Invalidity, MeasureInput
 from tuner.queue import Keys, streams
 from workers.agent import run_worker
 
@@ -65,10 +68,8 @@ class Api:
 
     def stop(self) -> None:
         if self.proc is not None:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
             self.proc.wait(timeout=20)
             self.proc = None
 
@@ -109,33 +110,6 @@ def r(redis_url: str) -> Iterator[redis.Redis]:
     client.close()
 
 
-class FakeMeasurer:
-    """Returns a made-up result after `delay_s`; `outcome` maps trial ids to invalidities."""
-
-    def __init__(self, worker_id: str, delay_s: float = 0.0,
-                 outcome: dict[str, Invalidity] | None = None) -> None:
-        self.worker_id, self.delay_s, self.outcome = worker_id, delay_s, outcome or {}
-        self.measured: list[str] = []
-        self.prepared: list[list[str]] = []
-        self.started = threading.Event()
-        self.closed = False
-
-    def prepare(self, inputs: list[MeasureInput]) -> None:
-        self.prepared.append([i.trial_id for i in inputs])
-
-    def measure_one(self, inp: MeasureInput) -> MeasureResult:
-        self.started.set()
-        time.sleep(self.delay_s)
-        self.measured.append(inp.trial_id)
-        inv = self.outcome.get(inp.trial_id, Invalidity.OK)
-        if inv is Invalidity.OK:
-            return MeasureResult(inp.trial_id, inv, (1e-4, 1.1e-4, 0.9e-4), worker=self.worker_id)
-        return MeasureResult.failure(inp.trial_id, inv, f"fake {inv}", worker=self.worker_id)
-
-    def close(self) -> None:
-        self.closed = True
-
-
 def _inputs(store: Store, n: int) -> list[MeasureInput]:
     wid = store.ensure_workload(key="matmul-agent", op="matmul",
                                 spec_json=json.dumps({"op": "matmul", "shape": [16, 16, 16]}),
@@ -151,13 +125,14 @@ def _inputs(store: Store, n: int) -> list[MeasureInput]:
         out.append(MeasureInput(trial_id=f"{job.id[:12]}{i:04x}", workload_key="matmul-agent",
                                 workload_spec={"op": "matmul", "shape": [16, 16, 16]},
                                 target={"kind": "llvm"}, trace_json="[]", context=ctx))
+    trials.issue(store, out, DEV, ttl_s=600)  # as the tuner does before it enqueues them
     return out
 
 
 class Worker:
     """run_worker in a thread with a FakeMeasurer."""
 
-    def __init__(self, api: Api, store: Store, redis_url: str, **kw: Any) -> None:
+    def __init__(self, api: Api, store: Store, **kw: Any) -> None:
         self.stop = threading.Event()
         self.fake: FakeMeasurer | None = None
         fake_kw = kw.pop("fake", {})
@@ -170,7 +145,7 @@ class Worker:
             return self.fake
 
         self.thread = threading.Thread(target=lambda: self.rc.append(run_worker(
-            api_url=api.url, token=token, redis_url=redis_url, device_key=DEV,
+            api_url=api.url, token=token, device_key=DEV,
             target={"kind": "llvm", "num-cores": 1}, name="w-test", stop_event=self.stop,
             measurer_factory=factory, **kw)), daemon=True)
 
@@ -192,16 +167,22 @@ def _wait(cond: Any, timeout: float = 30.0) -> None:
         time.sleep(0.05)
 
 
+def _scrubbed(env: dict[str, str]) -> dict[str, str]:
+    """`env` without the database and Redis URLs: a worker needs only the API and its token."""
+    return {k: v for k, v in env.items()
+            if k not in ("TUNEFARM_DATABASE_URL", "TUNEFARM_REDIS_URL", "TUNEFARM_REDIS_PREFIX")}
+
+
 def _enqueue(r: redis.Redis, keys: Keys, inputs: list[MeasureInput]) -> list[str]:
     return [streams.enqueue(r, keys.measure(DEV), {"input": i.to_json()}) for i in inputs]
 
 
-def test_worker_measures_posts_and_acks(api: Api, store: Store, r: redis.Redis, redis_url: str,
+def test_worker_measures_posts_and_acks(api: Api, store: Store, r: redis.Redis,
                                         redis_prefix: str) -> None:
     keys = Keys(redis_prefix)
     inputs = _inputs(store, 3)
     bad = inputs[1].trial_id
-    with Worker(api, store, redis_url, fake={"outcome": {bad: Invalidity.RUN_ERROR}}) as w:
+    with Worker(api, store, fake={"outcome": {bad: Invalidity.RUN_ERROR}}) as w:
         _enqueue(r, keys, inputs)
         _wait(lambda: all(store.record(i.trial_id) for i in inputs))
         _wait(lambda: r.xlen(keys.measure(DEV)) == 0)  # acked (and deleted) after the 200
@@ -218,20 +199,18 @@ def test_worker_measures_posts_and_acks(api: Api, store: Store, r: redis.Redis, 
 
 
 def test_result_is_acked_only_after_the_api_took_it(api: Api, store: Store, r: redis.Redis,
-                                                    redis_url: str, redis_prefix: str) -> None:
+                                                    redis_prefix: str) -> None:
     keys = Keys(redis_prefix)
     (inp,) = _inputs(store, 1)
-    with Worker(api, store, redis_url) as w:
-        api.stop()  # the API goes down after the worker registered
+    with Worker(api, store, fake={"delay_s": 0.5}) as w:
         _enqueue(r, keys, [inp])
+        _wait(lambda: w.fake is not None and w.fake.started.is_set())
+        api.stop()  # the API goes down while the worker measures the entry it leased
         _wait(lambda: w.fake is not None and w.fake.measured == [inp.trial_id])
-        time.sleep(1.5)  # posting fails and is retried; the entry stays held, not acked
+        time.sleep(1.5)  # posting fails and is retried; the entry stays pending, not acked
         assert store.record(inp.trial_id) is None
         pend = r.xpending(keys.measure(DEV), Keys.WORKERS_GROUP)
         assert pend["pending"] == 1
-        # ... and its lease is kept: nobody could reclaim it
-        assert streams.reclaim(r, keys.measure(DEV), Keys.WORKERS_GROUP, "thief",
-                               min_idle_s=0.6) == []
         api.start()  # same port
         _wait(lambda: store.record(inp.trial_id) is not None)
         _wait(lambda: r.xpending(keys.measure(DEV), Keys.WORKERS_GROUP)["pending"] == 0)
@@ -239,7 +218,7 @@ def test_result_is_acked_only_after_the_api_took_it(api: Api, store: Store, r: r
 
 
 def test_reclaims_a_dead_workers_entries_and_dead_letters_poison(
-        api: Api, store: Store, r: redis.Redis, redis_url: str, redis_prefix: str) -> None:
+        api: Api, store: Store, r: redis.Redis, redis_prefix: str) -> None:
     keys = Keys(redis_prefix)
     stream, group = keys.measure(DEV), Keys.WORKERS_GROUP
     orphan, poison = _inputs(store, 2)
@@ -250,7 +229,7 @@ def test_reclaims_a_dead_workers_entries_and_dead_letters_poison(
         time.sleep(0.02)
         r.xclaim(stream, group, f"dead-{i}", min_idle_time=0,
                  message_ids=[r.xrange(stream)[1][0]])
-    with Worker(api, store, redis_url) as w:
+    with Worker(api, store) as w:
         _wait(lambda: store.record(orphan.trial_id) is not None)
         _wait(lambda: r.xlen(keys.dead(DEV)) == 1)
     assert w.fake is not None and w.fake.measured == [orphan.trial_id]
@@ -265,13 +244,13 @@ def test_reclaims_a_dead_workers_entries_and_dead_letters_poison(
 
 
 def test_skips_cancelled_jobs_and_leaves_infrastructure_failures(
-        api: Api, store: Store, r: redis.Redis, redis_url: str, redis_prefix: str) -> None:
+        api: Api, store: Store, r: redis.Redis, redis_prefix: str) -> None:
     keys = Keys(redis_prefix)
     stream, group = keys.measure(DEV), Keys.WORKERS_GROUP
     a, b = _inputs(store, 2)
     cancelled = _inputs(store, 1)[0]
     r.set(keys.cancelled((cancelled.context or {})["job_id"]), "1", ex=60)
-    with Worker(api, store, redis_url, fake={"outcome": {b.trial_id: Invalidity.WORKER_LOST}}) as w:
+    with Worker(api, store, fake={"outcome": {b.trial_id: Invalidity.WORKER_LOST}}) as w:
         _enqueue(r, keys, [cancelled, a, b])
         _wait(lambda: store.record(a.trial_id) is not None)
         _wait(lambda: w.fake is not None and w.fake.measured.count(b.trial_id) >= 1)
@@ -284,32 +263,11 @@ def test_skips_cancelled_jobs_and_leaves_infrastructure_failures(
                                max=pending["message_id"])[0][1]["input"])["trial_id"] == b.trial_id
 
 
-class FlakyBoard(FakeMeasurer):
-    """A board whose first `lost` measurements fail outside the kernel (WORKER_LOST); its health
-    probe passes once `healthy` is set."""
-
-    def __init__(self, worker_id: str, lost: int = 0) -> None:
-        super().__init__(worker_id)
-        self.lost, self.probes, self.healthy = lost, 0, threading.Event()
-
-    def measure_one(self, inp: MeasureInput) -> MeasureResult:
-        if self.lost > 0:
-            self.lost -= 1
-            self.measured.append(inp.trial_id)
-            return MeasureResult.failure(inp.trial_id, Invalidity.WORKER_LOST, "board gone",
-                                         worker=self.worker_id)
-        return super().measure_one(inp)
-
-    def probe(self) -> bool:
-        self.probes += 1
-        return self.healthy.is_set()
-
-
 def test_infrastructure_failures_are_recorded_retried_and_quarantine_the_worker(
-        api: Api, store: Store, r: redis.Redis, redis_url: str, redis_prefix: str) -> None:
+        api: Api, store: Store, r: redis.Redis, redis_prefix: str) -> None:
     keys = Keys(redis_prefix)
     a, b = _inputs(store, 2)
-    with Worker(api, store, redis_url, fake_cls=FlakyBoard, fake={"lost": 3},
+    with Worker(api, store, fake_cls=FlakyBoard, fake={"lost": 3},
                 quarantine_after=3, probe_s=0.2) as w:
         board = w.fake
         assert isinstance(board, FlakyBoard)
@@ -331,10 +289,10 @@ def test_infrastructure_failures_are_recorded_retried_and_quarantine_the_worker(
 
 
 def test_stop_drains_the_current_candidate(api: Api, store: Store, r: redis.Redis,
-                                           redis_url: str, redis_prefix: str) -> None:
+                                           redis_prefix: str) -> None:
     keys = Keys(redis_prefix)
     first, second = _inputs(store, 2)
-    w = Worker(api, store, redis_url, fake={"delay_s": 1.0}, concurrency=2)
+    w = Worker(api, store, fake={"delay_s": 1.0}, concurrency=2)
     _enqueue(r, keys, [first, second])  # both queued before the worker reads
     with w:
         _wait(lambda: w.fake is not None and w.fake.started.is_set())
@@ -358,7 +316,7 @@ def test_worker_process_measures_for_real_and_drains_on_sigterm(
     from tuner.measure import MeasureOptions
     from tuner.workloads import parse_spec
 
-    target = {"kind": "llvm", "mcpu": "znver4", "num-cores": 2}
+    target = dict(RUN_X86)
     wl = parse_spec({"op": "matmul", "shape": [16, 16, 16]})
     wid = store.ensure_workload(key=wl.key, op=wl.op, spec_json=json.dumps(wl.spec), shash="0",
                                 mod_json="{}", flops=int(wl.flops))
@@ -371,13 +329,15 @@ def test_worker_process_measures_for_real_and_drains_on_sigterm(
                        target=target, trace_json=tv.trace_to_json(tv.Schedule(wl.mod()).trace),
                        options=MeasureOptions(min_repeat_ms=2, repeats=3, num_threads=2),
                        context=ctx)
+    trials.issue(store, [inp], DEV, ttl_s=600)
     token = create_token(store, "worker", "real")
     log_path = tmp_path / "worker.log"
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(
             [sys.executable, "-m", "tuner", "worker", "--device-key", DEV, "--target",
              json.dumps(target), "--name", "real", "--api", api.url],
-            env={**api.env, "TUNEFARM_TOKEN": token}, stdout=log, stderr=subprocess.STDOUT,
+            env={**_scrubbed(api.env), "TUNEFARM_TOKEN": token}, stdout=log,
+            stderr=subprocess.STDOUT,
             start_new_session=True, cwd=str(ROOT))
     try:
         streams.enqueue(r, Keys(redis_prefix).measure(DEV), {"input": inp.to_json()})
@@ -395,8 +355,6 @@ def test_worker_process_measures_for_real_and_drains_on_sigterm(
         final = workerdb.get_worker(store, w.id)
         assert final is not None and final.state == "offline" and final.measured == 1
     finally:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
         proc.wait(timeout=20)

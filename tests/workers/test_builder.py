@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import pytest
+
+from tests.support.targets import RUN_X86
 from tuner import tvm_api as tv
 from tuner.measure import Invalidity, MeasureInput, MeasureOptions
 from tuner.workloads import parse_spec
 from workers.local import LocalMeasurer
 
-TARGET = {"kind": "llvm", "mcpu": "znver4", "num-cores": 2}
+TARGET = RUN_X86
 OPTS = MeasureOptions(min_repeat_ms=2, repeats=3, num_threads=2)
 
 
@@ -46,3 +51,24 @@ def test_without_prepare_the_sandbox_builds_itself() -> None:
     with LocalMeasurer(build_workers=2) as m:
         res = m.measure_one(_inp(mm, "b-direct", _vectorized(mm)))
     assert res.invalidity is Invalidity.OK, res.error_msg
+
+
+def test_a_path_a_build_process_answers_must_be_its_own_file(tmp_path: Path) -> None:
+    """A build process runs untrusted code: the path it answers is used (hashed, loaded,
+    removed) only if it is a regular file inside the builder's directory."""
+    from workers.builder import Prebuilder
+
+    b = Prebuilder(workers=0)
+    try:
+        inside = Path(b._dir) / "k.so"
+        inside.write_bytes(b"\0")
+        assert b.own_file(str(inside)) == str(inside)
+        outside = tmp_path / "secret"
+        outside.write_text("x")
+        link = Path(b._dir) / "link.so"
+        link.symlink_to(outside)
+        for bad in (str(outside), str(link), str(Path(b._dir) / ".." / "x"), b._dir, None, 3):
+            with pytest.raises(ValueError, match="outside its build directory"):
+                b.own_file(bad)
+    finally:
+        b.close()

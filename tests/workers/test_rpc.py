@@ -1,41 +1,30 @@
-"""RPC measurement on loopback: a real tracker and real RPC servers (own process groups, killed
-in teardown), real builds. Boards that die or never show up are WORKER_LOST, not kernel failures."""
+"""What only the RPC measurer does (the scenarios every measurer shares are in
+test_measurers.py): five timed steps on a board of the tracker, and the farm's failures (no
+board for the key, a dead tracker, a board killed mid-run) as WORKER_LOST, never as kernel
+failures. A real tracker and real RPC servers (tests/workers/conftest.py `rpc_farm`)."""
 
 from __future__ import annotations
 
-import textwrap
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import replace
 
 import pytest
 
-from tests.kernels import HANG, HEADER
+from tests.kernels import CRASH, HANG
+from tests.support.measurer_contract import matmul_trace
+from tests.support.rpcfarm import LOOPBACK_KEY as KEY
+from tests.support.rpcfarm import LocalRpcFarm
+from tests.support.targets import RUN_X86
 from tuner import tvm_api as tv
 from tuner.measure import Invalidity, MeasureInput, MeasureOptions
 from tuner.workloads import parse_spec
 from workers.rpc import RpcMeasurer
-from workers.rpcfarm import LocalRpcFarm
 
 pytestmark = pytest.mark.timeout(120)
 
-KEY = "loopback"
-TARGET = {"kind": "llvm", "mcpu": "znver4", "num-cores": 2}
+TARGET = RUN_X86
 MATMUL = {"op": "matmul", "shape": [64, 64, 64]}
-
-# the matmul's signature, but C starts at 1: wrong by one everywhere
-OFF_BY_ONE = HEADER + textwrap.dedent('''\
-    def main(A: T.Buffer((64, 64), "float32"), B: T.Buffer((64, 64), "float32"),
-             C: T.Buffer((64, 64), "float32")):
-        T.func_attr({"global_symbol": "main", "tirx.noalias": True})
-        for i, j, k in T.grid(64, 64, 64):
-            with T.sblock("C"):
-                vi, vj, vk = T.axis.remap("SSR", [i, j, k])
-                with T.init():
-                    C[vi, vj] = T.float32(1)
-                C[vi, vj] = C[vi, vj] + A[vi, vk] * B[vk, vj]
-    ''')
 
 
 def _inp(spec: dict, trial: str, *, trace_json: str | None = None, verify: bool = True,
@@ -49,21 +38,9 @@ def _inp(spec: dict, trial: str, *, trace_json: str | None = None, verify: bool 
                         trace_json=trace_json, options=opts)
 
 
-def _matmul_trace(split: int, *, parallel: bool) -> str:
-    sch = tv.Schedule(parse_spec(MATMUL).mod())
-    blk = sch.get_child_blocks(sch.get_sblock("root"))[0]
-    i, j, _ = sch.get_loops(blk)
-    _, ji = sch.split(j, [None, split])
-    sch.vectorize(ji)
-    if parallel:
-        sch.parallel(i)
-    return tv.trace_to_json(sch.trace)
-
-
 @pytest.fixture(scope="module")
-def farm() -> Iterator[LocalRpcFarm]:
-    with LocalRpcFarm(KEY, servers=2, num_threads=1) as f:
-        yield f
+def farm(rpc_farm: LocalRpcFarm) -> LocalRpcFarm:
+    return rpc_farm
 
 
 @pytest.fixture(scope="module")
@@ -72,65 +49,15 @@ def measurer(farm: LocalRpcFarm) -> Iterator[RpcMeasurer]:
         yield m
 
 
-def test_candidates_are_verified_and_timed_on_the_boards(farm: LocalRpcFarm,
-                                                         measurer: RpcMeasurer) -> None:
-    inputs = [_inp(MATMUL, "r-8", trace_json=_matmul_trace(8, parallel=False)),
-              _inp(MATMUL, "r-16", trace_json=_matmul_trace(16, parallel=True)),
-              _inp(MATMUL, "r-plain")]
-    measurer.prepare(inputs[:2])  # built in parallel; the third is built when measured
-    results = [measurer.measure_one(i) for i in inputs]
+def test_a_candidate_runs_in_five_timed_steps_on_a_board_of_the_key(
+        farm: LocalRpcFarm, measurer: RpcMeasurer) -> None:
+    res = measurer.measure_one(_inp(MATMUL, "r-steps",
+                                    trace_json=matmul_trace(16, parallel=True)))
+    assert res.invalidity is Invalidity.OK, res.error_msg
     assert set(measurer.last_steps) == {"session", "upload", "allocate", "run", "cleanup"}
     assert measurer.probe()
-    for res in results:
-        assert res.invalidity is Invalidity.OK, res.error_msg
-        assert len(res.latencies_s) == 3 and all(x > 0 for x in res.latencies_s)
-        assert res.max_abs_err is not None and res.max_abs_err < 1e-3
-        assert res.build_s and res.build_s > 0
-        board = (res.worker or "").rsplit("@", 1)[-1]
-        assert board in {f"{s.host}:{s.port}" for s in farm.servers}
-
-
-def test_wrong_outputs_are_a_wrong_answer(measurer: RpcMeasurer) -> None:
-    # the library built for the off-by-one function, measured as the matmul's candidate
-    measurer.prepare([_inp({"op": "tir", "tvmscript": OFF_BY_ONE}, "r-wrong")])
-    res = measurer.measure_one(_inp(MATMUL, "r-wrong"))
-    assert res.invalidity is Invalidity.WRONG_ANSWER, res.error_msg
-    assert res.max_abs_err is not None and res.max_abs_err > 0.5
-    assert not res.latencies_s
-
-
-def test_a_trace_that_does_not_apply_is_a_build_error(measurer: RpcMeasurer) -> None:
-    bad = _inp({"op": "softmax", "shape": [4, 8]}, "r-bad",
-               trace_json=_matmul_trace(8, parallel=False))
-    res = measurer.measure_one(bad)
-    assert res.invalidity is Invalidity.BUILD_ERROR and res.error_msg
-
-
-def test_packed_weights_are_verified_through_the_whole_program(measurer: RpcMeasurer) -> None:
-    """Timed as the kernel on pre-packed weights; verified (a second build, with the packing)
-    only when it could be the best."""
-    from schedules.registry import TEMPLATES, _load
-
-    _load()
-    spec = {"op": "dense", "shape": [16, 32, 24]}
-    wl = parse_spec(spec)
-    sch = TEMPLATES["gemm-x86"].apply(tv.Schedule(wl.mod(), seed=3), wl, tv.make_target(TARGET))[0]
-    base = _inp(spec, "r-packed", trace_json=tv.trace_to_json(sch.trace))
-    slower = measurer.measure_one(replace(base, trial_id="r-slower",
-                                          options=replace(base.options, verify_below_s=1e-12)))
-    faster = measurer.measure_one(replace(base, trial_id="r-faster",
-                                          options=replace(base.options, verify_below_s=10.0)))
-    assert slower.ok and slower.max_abs_err is None and len(slower.latencies_s) == 3
-    assert faster.ok and faster.max_abs_err is not None and faster.max_abs_err < 1e-3
-
-
-def test_a_hanging_kernel_is_a_run_timeout(farm: LocalRpcFarm) -> None:
-    hang = _inp({"op": "tir", "tvmscript": HANG}, "r-timeout", verify=False, run_timeout_s=2)
-    # the server ends the abandoned session after 5 s, which frees the board
-    with RpcMeasurer(*farm.tracker_address, KEY, request_timeout_s=30, session_timeout_s=5) as m:
-        res = m.measure_one(hang)
-    assert res.invalidity is Invalidity.RUN_TIMEOUT, res.error_msg
-    assert "2 s" in (res.error_msg or "")
+    board = (res.worker or "").rsplit("@", 1)[-1]
+    assert board in {f"{s.host}:{s.port}" for s in farm.servers}
 
 
 def test_no_board_for_the_key_is_worker_lost(farm: LocalRpcFarm) -> None:
@@ -143,7 +70,7 @@ def test_no_board_for_the_key_is_worker_lost(farm: LocalRpcFarm) -> None:
 
 
 def test_a_dead_tracker_is_worker_lost() -> None:
-    from workers.rpcfarm import free_port
+    from tests.support.rpcfarm import free_port
 
     with RpcMeasurer("127.0.0.1", free_port(), KEY, request_timeout_s=2) as m:
         res = m.measure_one(_inp(MATMUL, "r-no-tracker"))
@@ -177,3 +104,15 @@ def test_a_board_killed_mid_run_is_worker_lost_and_the_next_goes_elsewhere(
     assert lost.invalidity is Invalidity.WORKER_LOST, (lost, after)
     assert after.invalidity is Invalidity.OK, (lost, after)
     assert not (after.worker or "").endswith(f":{killed[0]}")
+
+
+def test_a_tir_reference_runs_in_a_sandboxed_process_not_in_the_worker(
+        measurer: RpcMeasurer) -> None:
+    """The reference of a `tir` workload is its submitted program, unscheduled: a program that
+    dies of SIGFPE kills the build process computing it, not this process (the worker, which
+    holds its token), and the candidate is a run_error naming the reference."""
+    res = measurer.measure_one(_inp({"op": "tir", "tvmscript": CRASH}, "r-ref-crash"))
+    assert res.invalidity is Invalidity.RUN_ERROR, res
+    assert "reference" in (res.error_msg or ""), res.error_msg
+    after = measurer.measure_one(_inp(MATMUL, "r-after-ref-crash"))
+    assert after.invalidity is Invalidity.OK, after.error_msg

@@ -6,12 +6,14 @@ database can be used without paying for `import tvm`.
 
 from __future__ import annotations
 
+from .catalog import register_workload
+from .engine import UPGRADE_COMMAND, normalize_url, target_key
 from .models import Base, JobState
 from .rows import JobRow, MeasuredRow, NewRecord, RecordRow, TargetRef, TrainingRow, WorkloadRow
-from .engine import UPGRADE_COMMAND, normalize_url, target_key
 from .store import Store
 
 __all__ = [
-    "Base", "JobState", "Store", "NewRecord", "RecordRow", "JobRow", "TargetRef", "WorkloadRow",
-    "MeasuredRow", "TrainingRow", "UPGRADE_COMMAND", "normalize_url", "target_key",
+    "UPGRADE_COMMAND", "Base", "JobRow", "JobState", "MeasuredRow", "NewRecord", "RecordRow",
+    "Store", "TargetRef", "TrainingRow", "WorkloadRow", "normalize_url", "register_workload",
+    "target_key",
 ]

@@ -40,7 +40,9 @@ def target_key(target_json: str, device_key: str) -> str:
     return hashlib.sha256(f"{target_json}|{device_key}".encode()).hexdigest()[:16]
 
 
-def canonical_json(text: str) -> str:
+def canonical_json_text(text: str) -> str:
+    """JSON text re-serialized canonically (sorted keys, no spaces): how target JSON is stored.
+    (`tuner.workloads.canonical_json` does the same for a Python object.)"""
     return json.dumps(json.loads(text), sort_keys=True, separators=(",", ":"))
 
 
@@ -58,7 +60,7 @@ def make_engine(url: str) -> tuple[Engine, str]:
 def _sqlite_engine(url: str) -> Engine:
     database = make_url(url).database
     memory = not database or database == ":memory:" or database.startswith("file:")
-    if memory:
+    if memory or database is None:
         engine = create_engine(url, poolclass=StaticPool, connect_args={"check_same_thread": False})
     else:
         Path(database).expanduser().parent.mkdir(parents=True, exist_ok=True)

@@ -21,9 +21,12 @@ from sqlalchemy import (
     MetaData,
     String,
     Text,
+    UniqueConstraint,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from sqlalchemy.types import TypeDecorator
+
+from ..errors import Conflict
 
 # Named constraints: Alembic's batch mode (SQLite) needs names to alter or drop them later.
 NAMING_CONVENTION = {
@@ -75,9 +78,9 @@ class JobState(StrEnum):
         return self in (JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED)
 
     def can_become(self, to: JobState, *, reopen: bool = False) -> bool:
-        """The job state machine (enforced by `tuner.db.jobs.transition`): QUEUED -> RUNNING ->
-        SUCCEEDED | FAILED, cancel through CANCELLING -> CANCELLED; `reopen` lets a finished job
-        run again (the CLI resumes and extends jobs)."""
+        """The job state machine (enforced by `Job.move_to`): QUEUED -> RUNNING -> SUCCEEDED |
+        FAILED, cancel through CANCELLING -> CANCELLED; `reopen` lets a finished job run again
+        (the CLI resumes and extends jobs)."""
         if to is self:
             return True
         if reopen and self.is_terminal and to is JobState.RUNNING:
@@ -122,6 +125,10 @@ class Target(Base):
 
 class Job(Base):
     __tablename__ = "jobs"
+    __table_args__ = (
+        # an idempotency key is the owner's: another owner's use of the same key is unrelated
+        UniqueConstraint("owner", "idempotency_key"),
+    )
 
     id: Mapped[str] = mapped_column(String(32), primary_key=True)  # uuid4 hex
     job_key: Mapped[str] = mapped_column(String(64), index=True)
@@ -132,7 +139,7 @@ class Job(Base):
     state: Mapped[str] = mapped_column(String(16), index=True)
     options_json: Mapped[str] = mapped_column(Text, default="{}")
     error: Mapped[str | None] = mapped_column(Text, nullable=True)
-    idempotency_key: Mapped[str | None] = mapped_column(String(200), nullable=True, unique=True)
+    idempotency_key: Mapped[str | None] = mapped_column(String(200), nullable=True)
     request_hash: Mapped[str | None] = mapped_column(String(64), nullable=True)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow, index=True)
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
@@ -142,6 +149,27 @@ class Job(Base):
     lease_owner: Mapped[str | None] = mapped_column(String(128), nullable=True)
     lease_expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
     wall_budget_s: Mapped[float | None] = mapped_column(Float, nullable=True)
+    # the principal (token name) that submitted the job; LOCAL_OWNER for the embedded CLI
+    owner: Mapped[str] = mapped_column(String(128), default="local", index=True)
+
+    def move_to(self, to: JobState, *, now: datetime, error: str | None = None,
+                reopen: bool = False) -> None:
+        """The one place a job's state changes, on a row the caller holds locked (FOR UPDATE):
+        the move must be allowed by `JobState.can_become` (else `Conflict`). RUNNING stamps
+        started_at (the first time), terminal states stamp finished_at and free the lease,
+        others clear finished_at; `error` (if given) is stored. Callers:
+        `Store.set_job_state` (a transition) and `tuner.db.jobs.request_cancel` (a cancel)."""
+        current = JobState(self.state)
+        if not current.can_become(to, reopen=reopen):
+            raise Conflict(f"job {self.id} is {current}; it cannot become {to}")
+        if to.is_terminal:
+            self.lease_owner = self.lease_expires_at = None
+        self.state, self.updated_at = to.value, now
+        if to is JobState.RUNNING and self.started_at is None:
+            self.started_at = now
+        self.finished_at = now if to.is_terminal else None
+        if error is not None:
+            self.error = error
 
 
 class Record(Base):
@@ -185,6 +213,9 @@ class Token(Base):
     token_hash: Mapped[str] = mapped_column(String(64), unique=True)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
     revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    # a worker token bound to a device key registers workers of that key only
+    device_key: Mapped[str | None] = mapped_column(String(64), nullable=True)
 
 
 class Worker(Base):
@@ -205,3 +236,23 @@ class Worker(Base):
     infra_failures: Mapped[int] = mapped_column(Integer, default=0)
     registered_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
     last_seen_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    # the token that registered it: only that token may act as this worker
+    token_id: Mapped[int | None] = mapped_column(Integer, nullable=True)
+
+
+class IssuedTrial(Base):
+    """A candidate the tuner handed to the farm: the API accepts one result for it, from a worker
+    of its device key, before `expires_at`, and only then (`used_at` stamps the result)."""
+
+    __tablename__ = "issued_trials"
+
+    trial_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id"), index=True)
+    workload_id: Mapped[int] = mapped_column(ForeignKey("workloads.id"))
+    target_id: Mapped[int] = mapped_column(ForeignKey("targets.id"))
+    device_key: Mapped[str] = mapped_column(String(64))
+    cand_hash: Mapped[str] = mapped_column(String(32))
+    input_sha256: Mapped[str] = mapped_column(String(64))  # NewRecord.input_digest()
+    issued_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    expires_at: Mapped[datetime] = mapped_column(UTCDateTime(), index=True)
+    used_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)

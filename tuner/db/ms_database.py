@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from dataclasses import dataclass
 from typing import Any
 
 from ..measure import Invalidity, MeasureResult
@@ -22,14 +23,15 @@ from ..tvm_api import (
     derived_object,
     load_json,
     ms,
-    save_json,
+    shash_hex,
     structural_equal,
-    structural_hash,
     trace_decisions,
     trace_to_json,
     tvm,
     tvm_version,
 )
+from ..workloads import canonical_json
+from .catalog import register_workload
 from .engine import target_key
 from .rows import NewRecord, RecordRow, TargetRef
 from .store import Store
@@ -37,9 +39,32 @@ from .store import Store
 FAILED_RUN_S = 1e9  # MetaSchedule reports failed runs as run_secs=[1e10]
 MS_SPACE = "metaschedule"
 
+__all__ = ["FAILED_RUN_S", "MS_SPACE", "TunefarmDatabase", "shash_hex"]
 
-def shash_hex(mod: Any) -> str:
-    return f"{structural_hash(mod):016x}"
+
+@dataclass(frozen=True)
+class _BareModule:
+    """A module committed through MetaSchedule, as `register_workload` takes it: key
+    `tir-<shash>` (or `tir-<shash>-<n>` on a hash collision), op "tir"."""
+
+    key: str
+    module: Any
+    module_hash: str
+    flops: int
+    op: str = "tir"
+
+    @property
+    def description(self) -> str:
+        return f"TIR module {self.module_hash}"
+
+    def spec_json(self) -> str:
+        return canonical_json({"op": "tir", "shash": self.module_hash})
+
+    def shash(self) -> str:
+        return self.module_hash
+
+    def mod(self) -> Any:
+        return self.module
 
 
 def _target_jsons(target: Any) -> list[str]:
@@ -150,20 +175,18 @@ class TunefarmDatabase(ms.database.PyDatabase):
         while key in taken:  # a structurally different module with the same hash
             n += 1
             key = f"tir-{shash}-{n}"
-        mod_json = save_json(mod)
-        wid = self.store.ensure_workload(
-            key=key, op="tir", spec_json=json.dumps({"op": "tir", "shash": shash}, sort_keys=True),
-            shash=shash, mod_json=mod_json, description=f"TIR module {shash}",
-            flops=_estimate_flops(mod))
+        wid = register_workload(self.store, _BareModule(key, mod, shash, _estimate_flops(mod)))
         self._by_shash.setdefault(shash, [])
         self._by_shash[shash].append(wid)
-        return self._workload(wid, mod_json)
+        return self._workload(wid)
 
     def commit_tuning_record(self, record: Any) -> None:
         wid, _ = self._find(record.workload.mod)
         if wid is None:
             self.commit_workload(record.workload.mod)
             wid, _ = self._find(record.workload.mod)
+            if wid is None:
+                raise LookupError("the committed workload is not found again")
         if record.target is not None:
             tid = self._ensure_target(record.target).id
         elif self.target_id is not None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -62,6 +63,7 @@ class JobRow:
     lease_owner: str | None = None
     lease_expires_at: datetime | None = None
     wall_budget_s: float | None = None
+    owner: str = "local"  # the principal that submitted it (`tuner.db.jobs.LOCAL_OWNER`: the CLI)
 
     @classmethod
     def of(cls, row: m.Job) -> JobRow:
@@ -69,7 +71,7 @@ class JobRow:
                    m.JobState(row.state), json.loads(row.options_json), row.error,
                    row.idempotency_key, row.request_hash, row.created_at, row.updated_at,
                    row.started_at, row.finished_at, row.lease_owner, row.lease_expires_at,
-                   row.wall_budget_s)
+                   row.wall_budget_s, row.owner)
 
 
 @dataclass(frozen=True)
@@ -110,6 +112,16 @@ class NewRecord:
             decisions=list(ctx.get("decisions") or []), latencies=list(res.latencies_s),
             median_s=res.median_s, cv=res.cv, error_msg=res.error_msg, worker=res.worker,
             build_s=res.build_s, features=base64.b64decode(feats) if feats else None)
+
+    def input_digest(self) -> str:
+        """sha256 of what the record takes from its MeasureInput (job, workload, target, space,
+        candidate, trace, decisions, features, TVM version): what a worker may not change in the
+        input it posts back (`tuner.db.trials` compares it with the issued trial's)."""
+        bound = [self.job_id, self.workload_id, self.target_id, self.space, self.cand_hash,
+                 self.trace_json, self.tvm_version, self.decisions,
+                 self.features.hex() if self.features is not None else None]
+        text = json.dumps(bound, sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(text.encode()).hexdigest()
 
     def columns(self, now: datetime) -> dict[str, Any]:
         return {

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from alembic import command
 from alembic.runtime.migration import MigrationContext
@@ -20,15 +20,26 @@ from sqlalchemy import ColumnElement, func, select
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
-from ..errors import Conflict, DatabaseError, NotFound
+from ..errors import DatabaseError, NotFound
 from ..measure import Invalidity
 from . import models as m
-from .engine import (PG_MIGRATION_LOCK, UPGRADE_COMMAND, alembic_config, canonical_json,
-                     head_revision, known_revisions, make_engine, normalize_url, safe_url,
-                     target_key, wrap_error)
+from .engine import (
+    PG_MIGRATION_LOCK,
+    UPGRADE_COMMAND,
+    alembic_config,
+    canonical_json_text,
+    head_revision,
+    known_revisions,
+    make_engine,
+    normalize_url,
+    safe_url,
+    target_key,
+    wrap_error,
+)
 from .models import JobState, utcnow
 from .rows import JobRow, MeasuredRow, NewRecord, RecordRow, TargetRef, TrainingRow, WorkloadRow
 
+T = TypeVar("T")
 _CHUNK = 500  # rows per INSERT (SQLite allows 32766 bound parameters)
 
 
@@ -127,10 +138,12 @@ class Store:
 
     def _insert(self, model: type[m.Base]) -> Any:
         if self.dialect == "postgresql":
-            from sqlalchemy.dialects.postgresql import insert
-        else:
-            from sqlalchemy.dialects.sqlite import insert
-        return insert(model)
+            from sqlalchemy.dialects.postgresql import insert as pg_insert
+
+            return pg_insert(model)
+        from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+
+        return sqlite_insert(model)
 
     # ---------------------------------------------------------------------------------------
     # workloads and targets
@@ -147,10 +160,10 @@ class Store:
                 s.execute(self._insert(m.Workload).values(values)
                           .on_conflict_do_nothing(index_elements=["key"]))
                 wid = s.scalar(query)
-            return int(wid)
+            return int(_written(wid, f"workload {key}"))
 
     def ensure_target(self, target_json: str, device_key: str = "local") -> TargetRef:
-        target_json = canonical_json(target_json)
+        target_json = canonical_json_text(target_json)
         key = target_key(target_json, device_key)
         query = select(m.Target).where(m.Target.key == key)
         with self.session() as s:
@@ -160,7 +173,7 @@ class Store:
                     key=key, target_json=target_json, device_key=device_key, created_at=utcnow())
                     .on_conflict_do_nothing(index_elements=["key"]))
                 row = s.scalar(query)
-            return TargetRef.of(row)
+            return TargetRef.of(_written(row, f"target {key}"))
 
     def workload_by_key(self, key: str) -> WorkloadRow | None:
         with self.session() as s:
@@ -195,60 +208,65 @@ class Store:
                    trials: int, options: dict[str, Any] | None = None,
                    state: JobState = JobState.QUEUED, idempotency_key: str | None = None,
                    request_hash: str | None = None, wall_budget_s: float | None = None,
-                   lease_owner: str | None = None) -> JobRow:
-        """A new job. With an `idempotency_key` that already exists, the existing job is returned
-        unchanged (compare its `request_hash` to detect a conflicting request)."""
+                   lease_owner: str | None = None, owner: str = "local",
+                   guard: Callable[[Session], None] | None = None) -> JobRow:
+        """Insert a job row for `owner`. With an `idempotency_key` that `owner` already used,
+        the existing job is returned unchanged (compare its `request_hash` to detect a
+        conflicting request). `guard` runs inside the inserting transaction before the insert
+        (not for an idempotent replay): it may lock and count (quotas) and raise to refuse.
+
+        The storage primitive: the CLI and the API create jobs through
+        `tuner.db.jobs.create_job`, which resolves the job key, the options and resumption."""
         now = utcnow()
         values = dict(id=uuid.uuid4().hex, job_key=job_key, workload_id=workload_id,
                       target_id=target_id, space=space, trials=int(trials),
                       state=JobState(state).value, options_json=json.dumps(options or {}),
                       idempotency_key=idempotency_key, request_hash=request_hash,
-                      wall_budget_s=wall_budget_s, lease_owner=lease_owner,
+                      wall_budget_s=wall_budget_s, lease_owner=lease_owner, owner=owner,
                       created_at=now, updated_at=now,
                       started_at=now if JobState(state) is JobState.RUNNING else None)
+        same_key = select(m.Job).where(m.Job.owner == owner,
+                                       m.Job.idempotency_key == idempotency_key)
         with self.session() as s:
+            if idempotency_key is not None and (row := s.scalar(same_key)) is not None:
+                return JobRow.of(row)
+            if guard is not None:
+                guard(s)
             stmt = self._insert(m.Job).values(values)
             if idempotency_key is None:
                 s.execute(stmt)
                 row = s.get(m.Job, values["id"])
             else:
-                s.execute(stmt.on_conflict_do_nothing(index_elements=["idempotency_key"]))
-                row = s.scalar(select(m.Job).where(m.Job.idempotency_key == idempotency_key))
-            return JobRow.of(row)
+                s.execute(stmt.on_conflict_do_nothing(
+                    index_elements=["owner", "idempotency_key"]))
+                row = s.scalar(same_key)
+            return JobRow.of(_written(row, f"job {values['id']}"))
 
     def get_job(self, job_id: str) -> JobRow | None:
         with self.session() as s:
             row = s.get(m.Job, job_id)
             return JobRow.of(row) if row else None
 
-    def latest_job(self, job_key: str) -> JobRow | None:
+    def latest_job(self, job_key: str, *, owner: str | None = None) -> JobRow | None:
+        """The newest job of `job_key` (of `owner`, if given)."""
+        q = select(m.Job).where(m.Job.job_key == job_key)
+        if owner is not None:
+            q = q.where(m.Job.owner == owner)
         with self.session() as s:
-            row = s.scalar(select(m.Job).where(m.Job.job_key == job_key)
-                           .order_by(m.Job.created_at.desc()).limit(1))
+            row = s.scalar(q.order_by(m.Job.created_at.desc()).limit(1))
             return JobRow.of(row) if row else None
 
     def set_job_state(self, job_id: str, state: JobState | str, *, error: str | None = None,
                       reopen: bool = False) -> JobRow:
-        """Move a job to `state`, the one place job states change: the move must be allowed by
-        `JobState.can_become` (else `Conflict`). RUNNING stamps started_at (first time), terminal
-        states stamp finished_at and free the lease, others clear finished_at; `error` (if given)
-        is stored."""
-        state, now = JobState(state), utcnow()
+        """Move a job to `state` (the transition entry point; cancel requests go through
+        `tuner.db.jobs.request_cancel`). Both apply `m.Job.move_to` to the locked row, the one
+        place job states change: `Conflict` when `JobState.can_become` forbids the move."""
+        state = JobState(state)
         with self.session() as s:
             job = s.get(m.Job, job_id, with_for_update=True)
             if job is None:
                 raise NotFound(f"no job {job_id!r}")
-            current = JobState(job.state)
-            if not current.can_become(state, reopen=reopen):
-                raise Conflict(f"job {job_id} is {current}; it cannot become {state}")
-            if state.is_terminal:
-                job.lease_owner = job.lease_expires_at = None
-            job.state, job.updated_at = state.value, now
-            if state is JobState.RUNNING and job.started_at is None:
-                job.started_at = now
-            job.finished_at = now if state.is_terminal else None
-            if error is not None:
-                job.error = error
+            job.move_to(state, now=utcnow(), error=error, reopen=reopen)
             s.flush()
             return JobRow.of(job)
 
@@ -299,10 +317,14 @@ class Store:
 
     def records(self, *, workload_id: int | None = None, target_id: int | None = None,
                 job_id: str | None = None, only_ok: bool = False, limit: int | None = None,
-                order: Literal["id", "median", "newest"] = "id") -> list[RecordRow]:
+                order: Literal["id", "median", "newest"] = "id",
+                after_id: int | None = None) -> list[RecordRow]:
         """Records matching the filters; order "median" puts the fastest first, no-median last;
-        "newest" the last written first."""
+        "newest" the last written first. `after_id`: only records stored after that one (record
+        ids grow: with order "id" this is keyset pagination)."""
         q = select(m.Record).where(*self._filters(job_id, workload_id, target_id))
+        if after_id is not None:
+            q = q.where(m.Record.id > after_id)
         if only_ok:
             q = q.where(m.Record.invalidity == Invalidity.OK.value, m.Record.median_s.is_not(None))
         if order == "median":
@@ -355,7 +377,15 @@ class Store:
                     m.Record.invalidity != Invalidity.WORKER_LOST.value)
              .order_by(m.Record.id))
         with self.session() as s:
-            return [TrainingRow(w, bytes(f), med, Invalidity(inv)) for w, f, med, inv in s.execute(q)]
+            return [TrainingRow(w, bytes(f or b""), med, Invalidity(inv))
+                    for w, f, med, inv in s.execute(q)]
+
+
+def _written(row: T | None, what: str) -> T:
+    """A row this transaction just wrote (or found): None means it vanished under us."""
+    if row is None:
+        raise DatabaseError(f"{what} was not found right after it was written")
+    return row
 
 
 def _better(a: MeasuredRow, b: MeasuredRow) -> bool:

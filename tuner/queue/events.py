@@ -14,13 +14,15 @@ from typing import Any
 
 import redis
 
+from .keys import Keys
+
 log = logging.getLogger(__name__)
 
 MAXLEN = 10_000  # events kept per job (approximate trim)
 TTL_S = 3 * 24 * 3600  # a finished job's events expire after a few days
 
 
-def publish(r: redis.Redis, keys: Any, job_id: str, event_type: str,
+def publish(r: redis.Redis, keys: Keys, job_id: str, event_type: str,
             data: dict[str, Any] | None = None) -> str | None:
     """XADD {"event": type, "data": json} to Keys.events(job_id); returns the entry id, or None
     when Redis could not be reached."""

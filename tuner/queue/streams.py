@@ -23,6 +23,8 @@ from typing import Any
 
 import redis
 
+from .keys import Keys
+
 log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
@@ -63,7 +65,8 @@ def enqueue(r: redis.Redis, stream: str, fields: Mapping[str, str], *,
             maxlen: int | None = None) -> str:
     """XADD; returns the entry id. `maxlen` trims approximately (never for work queues: a trimmed
     pending entry is a lost one)."""
-    return str(r.xadd(stream, dict(fields), maxlen=maxlen, approximate=True))
+    values: dict[Any, Any] = dict(fields)
+    return str(r.xadd(stream, values, maxlen=maxlen, approximate=True))
 
 
 def _entries(raw: Sequence[Any] | None) -> list[Entry]:
@@ -82,7 +85,7 @@ def read_new(r: redis.Redis, stream: str, group: str, consumer: str, *, count: i
     block = None if block_s is None else max(1, int(block_s * 1000))
     for attempt in range(2):
         try:
-            reply = r.xreadgroup(group, consumer, {stream: ">"}, count=count, block=block)
+            reply: Any = r.xreadgroup(group, consumer, {stream: ">"}, count=count, block=block)
         except redis.ResponseError as exc:
             if attempt == 0 and _is_nogroup(exc):
                 ensure_group(r, stream, group)
@@ -171,7 +174,7 @@ def ack(r: redis.Redis, stream: str, group: str, *entry_ids: str, delete: bool =
     return int(res[0])
 
 
-def dead_letter(r: redis.Redis, keys: Any, device_key: str, entry: Entry, *, reason: str,
+def dead_letter(r: redis.Redis, keys: Keys, device_key: str, entry: Entry, *, reason: str,
                 group: str | None = None) -> None:
     """Move a poison entry of Keys.measure(device_key) aside: XADD to Keys.dead(device_key) and,
     when the input names its job, to Keys.lost(job_id) (the tuner waiting on it then gives up on

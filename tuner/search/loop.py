@@ -6,96 +6,59 @@ MetaSchedule's `EvolutionarySearch` does the proposing (its mutators, its sampli
 space); tunefarm owns everything around it: the budget counts real measurements only, dedup spans
 every job that ever ran on this workload and target, the cost model is tunefarm's and starts from
 the whole target's history, and a job killed at any point resumes from its committed records.
+
+`Tuner.run` is these steps, in this order:
+
+    _start          register the workload and target, resolve the space, find or create the job,
+                    count its committed trials (a resumed job goes on from there), mark it
+                    RUNNING, or return at once (cancelled, budget already spent)
+    _search         the tune context, the cost model (trained on the target's history), the
+                    population seeded from the best records
+    per batch:
+      _propose      sample the space (untrained model) or evolve; drop what was measured
+      _measure_batch  prepare, then measure one by one; each result through `_measure`, which
+                    writes its record (unless the measurer's path commits it: the farm) and
+                    retries an infrastructure failure; then
+        _commit     count it, add a valid one to the search's database, update the best
+      _learn        retrain the cost model, tell the search what was measured
+    _finish         the job's final state and the summary
+
+Failures: `JobHandedOff` (the tuner is stopping; another resumes the job) leaves the job's state
+alone; anything else marks the job FAILED and propagates.
 """
 
 from __future__ import annotations
 
 import base64
-import hashlib
-import json
-import logging
 import time
 import uuid
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
-from schedules.registry import replay, resolve, search_strategy, space_generator
+from schedules.registry import resolve, search_strategy, space_generator
 from tuner import tvm_api as tv
+from tuner.db.catalog import register_workload
+from tuner.db.jobs import LOCAL_OWNER, JobOptions, NewJob, create_job
 from tuner.db.models import JobState
-from tuner.db.jobs import LOCAL_OWNER
+from tuner.db.rows import JobRow, TargetRef
 from tuner.db.store import NewRecord, Store
-from tuner.errors import TunefarmError
-from tuner.measure import Invalidity, MeasureInput, MeasureOptions, MeasureResult, Measurer
+from tuner.errors import JobHandedOff, TunefarmError
+from tuner.measure import Invalidity, MeasureInput, Measurer, MeasureResult, gflops
 from tuner.search.costmodel import XGBCostModel
-from tuner.workloads import Workload
-
-log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class TuneRequest:
-    workload: Workload
-    target: dict[str, Any]  # canonical target dict (tuner.tvm_api.target_to_dict)
-    trials: int
-    device_key: str = "local"
-    space: str = "default"  # a template name, "auto", or "default" (best that applies)
-    batch_size: int = 16
-    early_stop: int | None = None  # stop after this many measured trials without a new best
-    seed: int = 0
-    fresh: bool = False  # start a new job instead of resuming the last one
-    options: MeasureOptions = field(default_factory=MeasureOptions)
-    job_id: str | None = None  # service: run exactly this (queued or resumed) job
-
-
-@dataclass(frozen=True)
-class Progress:
-    job_id: str
-    done: int
-    total: int
-    best_s: float | None = None
-    best_gflops: float | None = None
-    last: MeasureResult | None = None
-    message: str = ""
-
-
-@dataclass
-class TuneSummary:
-    job_id: str
-    workload_key: str
-    target_key: str
-    trials_done: int
-    measured_now: int
-    skipped_duplicates: int
-    stop_reason: str
-    wall_s: float
-    best_trial: str | None
-    best_s: float | None
-    best_gflops: float | None
-    counts: dict[str, int]
-
-
-def job_key(workload_key: str, target_key: str, space: str) -> str:
-    return hashlib.sha256(f"{workload_key}|{target_key}|{space}".encode()).hexdigest()[:32]
-
-
-def trial_id(job_id: str, cand_hash: str) -> str:
-    return hashlib.sha256(f"{job_id}|{cand_hash}".encode()).hexdigest()[:32]
-
-
-def gflops(flops: int, seconds: float | None) -> float | None:
-    return flops / seconds / 1e9 if seconds and flops else None
+from tuner.search.history import seed_database, trained_cost_model
+from tuner.search.request import Progress, TuneRequest, TuneSummary, trial_id
 
 
 def sample_space(strategy: Any, args_info: Any, n: int) -> list[Any]:
     """About 1.5 `n` random points of the design space (each design space's trace replayed with
     fresh decisions, then postprocessed), without evolution. `strategy` is a pre-tuned
     EvolutionarySearch; it returns at least its `init_min_unmeasured` points."""
-    sample = tv.ms._ffi_api.SearchStrategyEvolutionarySearchSampleInitPopulation
-    return [tv.ms.MeasureCandidate(sch, args_info) for sch in sample(strategy, n + n // 2)]
+    return [tv.ms.MeasureCandidate(sch, args_info)
+            for sch in tv.sample_init_population(strategy, n + n // 2)]
 
 
 MAX_LOST_IN_A_ROW = 3  # consecutive infrastructure failures before the job fails
@@ -117,58 +80,55 @@ class Tuner:
         self.max_dup_batches = max_dup_batches
 
     # ------------------------------------------------------------------ setup
-    def _register(self, req: TuneRequest) -> tuple[int, Any, Any]:
-        wl = req.workload
-        wid = self.store.ensure_workload(
-            key=wl.key, op=wl.op, spec_json=json.dumps(wl.spec, sort_keys=True), shash=wl.shash(),
-            mod_json=tv.save_json(wl.mod()), description=wl.description, flops=int(wl.flops))
+    def _register(self, req: TuneRequest) -> tuple[int, TargetRef, Any]:
+        wid = register_workload(self.store, req.workload)
         target = tv.make_target(req.target)
         tref = self.store.ensure_target(tv.canonical_target_json(target), req.device_key)
         return wid, tref, target
 
-    def _job(self, req: TuneRequest, wid: int, tref: Any) -> Any:
+    def _job(self, req: TuneRequest, wid: int, tref: TargetRef) -> JobRow:
+        """The service's job (`req.job_id`), or the embedded CLI's: created through
+        `tuner.db.jobs.create_job` like a REST job (owner LOCAL_OWNER), resuming the latest
+        job of the same key unless `req.fresh`."""
         if req.job_id is not None:
             job = self.store.get_job(req.job_id)
             if job is None:
                 raise TunefarmError(f"no job {req.job_id!r}")
             return job
-        key = job_key(req.workload.key, tref.key, req.space)
-        job = None if req.fresh else self.store.latest_job(key)
-        if job is None:
-            return self.store.create_job(job_key=key, workload_id=wid, target_id=tref.id, space=req.space,
-                                         trials=req.trials, options={"batch_size": req.batch_size,
-                                                                     "seed": req.seed},
-                                         lease_owner=LOCAL_OWNER)
-        if job.trials != req.trials:
-            self.store.update_job_trials(job.id, req.trials)
-        return self.store.get_job(job.id)
-
-    def _memory_db(self, wid: int, tref: Any, mod: Any, target: Any) -> Any:
-        """Best records of this workload on this target, for the search's initial population."""
-        db = tv.ms.database.MemoryDatabase()
-        token = db.commit_workload(mod)
-        args_info = tv.ms.arg_info.ArgInfo.from_prim_func(mod["main"])
-        for row in self.store.best(wid, tref.id, k=self.seed_top_k):
-            try:
-                sch = replay(mod, row.trace_json)
-            except Exception:  # noqa: BLE001 - a trace from another TVM version; just skip it
-                continue
-            db.commit_tuning_record(tv.ms.database.TuningRecord(
-                trace=sch.trace, workload=token, run_secs=[row.median_s], target=target,
-                args_info=args_info))
-        return db
-
-    def _cost_model(self, req: TuneRequest, tref: Any) -> XGBCostModel:
-        model = XGBCostModel(seed=req.seed)
-        for wid, feats, median_s, inv in self.store.training_rows(tref.id):
-            x = np.frombuffer(feats, dtype=np.float32)
-            if x.size == model.features_dim:
-                model.add(x[None, :], [median_s if inv == Invalidity.OK else None], group=wid)
-        model.fit()
-        return model
+        return create_job(self.store, NewJob(
+            workload_id=wid, workload_key=req.workload.key, target=tref, space=req.space,
+            trials=req.trials, options=JobOptions(req.batch_size, req.seed, req.early_stop),
+            lease_owner=LOCAL_OWNER, resume=not req.fresh))
 
     # ------------------------------------------------------------------ run
     def run(self, req: TuneRequest) -> TuneSummary:
+        """Tune `req` until its budget, early stopping, `should_stop` or an exhausted space."""
+        run = self._start(req)
+        if run.over:
+            return self._summary(run)
+        try:
+            search = self._search(run)
+            while run.done < run.req.trials:
+                picks = self._propose(run, search)
+                if picks is None:
+                    break
+                measured, halt = self._measure_batch(run, search, picks)
+                self._learn(run, search, measured)
+                if self._stopping(run, halt):
+                    break
+            search.strategy.post_tuning()
+        except JobHandedOff:
+            raise  # e.g. a service tuner stopping or losing its lease: another resumes the job
+        except BaseException as exc:
+            msg = ("interrupted" if isinstance(exc, KeyboardInterrupt)
+                   else f"{type(exc).__name__}: {exc}")
+            self.store.set_job_state(run.job_id, JobState.FAILED, error=msg[:2000])
+            raise
+        return self._finish(run)
+
+    def _start(self, req: TuneRequest) -> _Run:
+        """The job of `req` (found, resumed or created) with its committed trials counted, and
+        RUNNING; or `over` (cancelled, budget already spent) in its final state."""
         t0 = time.monotonic()
         wid, tref, target = self._register(req)
         # a bad space fails here, before any job exists; the job is keyed by the resolved space
@@ -177,124 +137,152 @@ class Tuner:
         job = self._job(req, wid, tref)
         done = sum(1 for r in self.store.records(job_id=job.id)
                    if r.invalidity != Invalidity.WORKER_LOST)
-        best = (self.store.best(wid, tref.id, k=1) or [None])[0]
-        flops = req.workload.flops
-
-        def report(last: MeasureResult | None = None, message: str = "") -> None:
-            best_s = best.median_s if best is not None else None
-            self.on_progress(Progress(job.id, done, req.trials, best_s, gflops(flops, best_s), last,
-                                      message))
-
+        best = next((_Best(r.trial_id, r.median_s) for r in self.store.best(wid, tref.id, k=1)
+                     if r.median_s is not None), None)
+        run = _Run(req=req, job_id=job.id, wid=wid, tref=tref, target=target, space=space,
+                   t0=t0, done=done, best=best, best_at=done)
         reopen = req.job_id is None  # the CLI resumes and extends finished jobs
         if job.state is JobState.CANCELLING:
             self.store.set_job_state(job.id, JobState.CANCELLED)
-            report(message="cancelled")
-            return self._summary(job.id, req, tref, done, 0, 0, "cancelled", t0, wid)
-        if done >= req.trials:
+            run.over, run.stop = True, "cancelled"
+            self._report(run, message="cancelled")
+        elif done >= req.trials:
             if job.state is JobState.QUEUED:
                 self.store.set_job_state(job.id, JobState.RUNNING)
             self.store.set_job_state(job.id, JobState.SUCCEEDED, reopen=reopen)
-            report(message="budget already spent: nothing to measure")
-            return self._summary(job.id, req, tref, done, 0, 0, "budget already spent", t0, wid)
+            run.over, run.stop = True, "budget already spent"
+            self._report(run, message="budget already spent: nothing to measure")
+        else:
+            self.store.set_job_state(job.id, JobState.RUNNING, reopen=reopen)
+            self._report(run, message="resuming" if done else "starting")
+        return run
 
-        self.store.set_job_state(job.id, JobState.RUNNING, reopen=reopen)
-        final = JobState.SUCCEEDED
-        report(message="resuming" if done else "starting")
-        measured_now = dups = 0
-        stop = "budget reached"
-        try:
-            mod = req.workload.mod()
-            ctx = tv.tune_context(mod, target, space=space,
-                                  strategy=search_strategy(req.space),
-                                  seed=req.seed, num_threads=max(1, req.options.num_threads))
-            model = self._cost_model(req, tref)
-            strategy = ctx.search_strategy
-            memdb = self._memory_db(wid, tref, mod, target)
-            args_info = tv.ms.arg_info.ArgInfo.from_prim_func(mod["main"])
-            token = memdb.commit_workload(mod)
-            # measured programs this search did not propose (sampled, or from earlier jobs) join
-            # its population from `memdb` and can fill that many of its picks: ask for more
-            overlap = int(strategy.population_size * strategy.init_measured_ratio)
-            strategy.pre_tuning(max_trials=1 << 30, num_trials_per_iter=req.batch_size + overlap,
-                                design_spaces=ctx.generate_design_space(), database=memdb,
-                                cost_model=model)
-            measured = self.store.measured(wid, tref.id)
-            best_at = done
-            dup_batches = 0
-            while done < req.trials:
-                # an untrained model scores at random: evolving a population by its scores only
-                # costs replays, so the first batch samples the space directly
-                cands = (strategy.generate_measure_candidates() if model.trained
-                         else sample_space(strategy, args_info, req.batch_size))
-                if not cands:
-                    stop = "search space exhausted"
-                    break
-                hashes = [f"{tv.structural_hash(c.sch.mod):016x}" for c in cands]
-                fresh = []
-                for c, h in zip(cands, hashes, strict=True):
-                    if h not in measured and h not in {fh for _, fh in fresh}:
-                        fresh.append((c, h))
-                dups += len(cands) - len(fresh)
-                fresh = fresh[: min(req.batch_size, req.trials - done)]
-                dup_batches = 0 if fresh else dup_batches + 1
-                if dup_batches >= self.max_dup_batches:
-                    stop = "search keeps proposing measured candidates"
-                    break
-                feats = model.features(ctx, [c for c, _ in fresh])
-                inputs = [self._input(req, job.id, c, h, x, wid, tref.id)
-                          for (c, h), x in zip(fresh, feats, strict=True)]
-                if hasattr(self.measurer, "prepare"):  # e.g. build the batch in parallel
-                    self.measurer.prepare(inputs)
-                trained, lats, notified = [], [], []
-                halt: str | None = None
-                for (c, h), x, inp in zip(fresh, feats, inputs, strict=True):
-                    opts = replace(req.options, verify_below_s=best.median_s if best else None)
-                    res = self._measure(replace(inp, options=opts))
-                    if res.invalidity == Invalidity.WORKER_LOST:
-                        halt = self.should_stop()  # not measured: may come back, never trains
-                        if halt:
-                            break
-                        continue
-                    measured[h] = res
-                    done += 1
-                    measured_now += 1
-                    trained.append(x)
-                    lats.append(res.median_s if res.ok else None)
-                    notified.append(c)
-                    if res.ok:
-                        memdb.commit_tuning_record(tv.ms.database.TuningRecord(
-                            trace=c.sch.trace, workload=token, run_secs=[res.median_s],
-                            target=target, args_info=args_info))
-                        if best is None or res.median_s < best.median_s:
-                            best = _Best(res.trial_id, res.median_s)
-                            best_at = done
-                    report(res)
-                    halt = self.should_stop()
-                    if halt or (req.early_stop and done - best_at >= req.early_stop):
-                        break
-                if trained:
-                    model.add(np.stack(trained), lats, group=wid)
-                    model.fit()
-                strategy.notify_runner_results(
-                    notified,
-                    [tv.ms.runner.RunnerResult(run_secs=[lat or 1e10], error_msg=None) for lat in lats])
+    def _search(self, run: _Run) -> _Search:
+        """The tune context, the cost model and the evolutionary search, ready to propose."""
+        req = run.req
+        mod = req.workload.mod()
+        ctx = tv.tune_context(mod, run.target, space=run.space,
+                              strategy=search_strategy(req.space),
+                              seed=req.seed, num_threads=max(1, req.options.num_threads))
+        model = trained_cost_model(self.store, run.tref, req.seed)
+        strategy = ctx.search_strategy
+        memdb = seed_database(self.store, run.wid, run.tref, mod, run.target, req.space,
+                              self.seed_top_k)
+        args_info = tv.ms.arg_info.ArgInfo.from_prim_func(mod["main"])
+        token = memdb.commit_workload(mod)
+        # measured programs this search did not propose (sampled, or from earlier jobs) join
+        # its population from `memdb` and can fill that many of its picks: ask for more
+        overlap = int(strategy.population_size * strategy.init_measured_ratio)
+        strategy.pre_tuning(max_trials=1 << 30, num_trials_per_iter=req.batch_size + overlap,
+                            design_spaces=tv.design_spaces(ctx), database=memdb,
+                            cost_model=model)
+        return _Search(ctx=ctx, strategy=strategy, model=model, memdb=memdb, token=token,
+                       args_info=args_info, measured=set(self.store.measured(run.wid, run.tref.id)))
+
+    def _propose(self, run: _Run, search: _Search) -> list[_Pick] | None:
+        """The next batch: candidates never measured on this workload and target (none in a
+        batch twice), at most the batch size and the budget left. None (with `run.stop`) when
+        the search has nothing new to offer."""
+        req = run.req
+        # an untrained model scores at random: evolving a population by its scores only
+        # costs replays, so the first batch samples the space directly
+        cands = (search.strategy.generate_measure_candidates() if search.model.trained
+                 else sample_space(search.strategy, search.args_info, req.batch_size))
+        if not cands:
+            run.stop = "search space exhausted"
+            return None
+        fresh: list[tuple[Any, str]] = []
+        seen: set[str] = set()
+        for c in cands:
+            h = tv.shash_hex(c.sch.mod)
+            if h not in search.measured and h not in seen:
+                fresh.append((c, h))
+                seen.add(h)
+        run.dups += len(cands) - len(fresh)
+        fresh = fresh[: min(req.batch_size, req.trials - run.done)]
+        search.dup_batches = 0 if fresh else search.dup_batches + 1
+        if search.dup_batches >= self.max_dup_batches:
+            run.stop = "search keeps proposing measured candidates"
+            return None
+        feats = search.model.features(search.ctx, [c for c, _ in fresh])
+        return [_Pick(c, h, x, self._input(req, run.job_id, c, h, x, run.wid, run.tref.id))
+                for (c, h), x in zip(fresh, feats, strict=True)]
+
+    def _measure_batch(self, run: _Run, search: _Search,
+                       picks: list[_Pick]) -> tuple[list[tuple[_Pick, MeasureResult]], str | None]:
+        """Measure a batch (prepared as a whole, e.g. built in parallel), committing each result
+        as it arrives. Returns the measured picks (infrastructure failures left out: they may
+        come back, never train) and why the run must stop now, if it must."""
+        self.measurer.prepare([p.inp for p in picks])
+        measured: list[tuple[_Pick, MeasureResult]] = []
+        halt: str | None = None
+        for p in picks:
+            opts = replace(run.req.options, verify_below_s=run.best.median_s if run.best else None)
+            res = self._measure(replace(p.inp, options=opts))
+            if res.invalidity == Invalidity.WORKER_LOST:
+                halt = self.should_stop()  # not measured: may come back, never trains
                 if halt:
-                    stop = halt
-                    final = JobState.CANCELLED if halt == "cancelled" else JobState.SUCCEEDED
                     break
-                if req.early_stop and done - best_at >= req.early_stop:
-                    stop = f"early stop: no new best in {req.early_stop} trials"
-                    break
-            strategy.post_tuning()
-        except BaseException as exc:
-            if getattr(exc, "leave_job_state", False):
-                raise  # e.g. a service tuner stopping or losing its lease: another resumes the job
-            state_msg = "interrupted" if isinstance(exc, KeyboardInterrupt) else f"{type(exc).__name__}: {exc}"
-            self.store.set_job_state(job.id, JobState.FAILED, error=state_msg[:2000])
-            raise
-        self.store.set_job_state(job.id, final)
-        report(message=stop)
-        return self._summary(job.id, req, tref, done, measured_now, dups, stop, t0, wid)
+                continue
+            measured.append((p, res))
+            self._commit(run, search, p, res)
+            halt = self.should_stop()
+            if halt or self._early_stop(run):
+                break
+        return measured, halt
+
+    def _commit(self, run: _Run, search: _Search, pick: _Pick, res: MeasureResult) -> None:
+        """A measured trial (its record is already written): count it, give a valid one to the
+        search's database, update the best and report progress."""
+        search.measured.add(pick.cand_hash)
+        run.done += 1
+        run.measured_now += 1
+        if res.ok and res.median_s is not None:
+            search.memdb.commit_tuning_record(tv.ms.database.TuningRecord(
+                trace=pick.cand.sch.trace, workload=search.token, run_secs=[res.median_s],
+                target=run.target, args_info=search.args_info))
+            if run.best is None or res.median_s < run.best.median_s:
+                run.best = _Best(res.trial_id, res.median_s)
+                run.best_at = run.done
+        self._report(run, res)
+
+    @staticmethod
+    def _learn(run: _Run, search: _Search,
+               measured: list[tuple[_Pick, MeasureResult]]) -> None:
+        """Retrain the cost model on the batch's results and tell the search what was measured
+        (a failure as a very slow run)."""
+        lats = [res.median_s if res.ok else None for _, res in measured]
+        if measured:
+            search.model.add(np.stack([p.features for p, _ in measured]), lats, group=run.wid)
+            search.model.fit()
+        search.strategy.notify_runner_results(
+            [p.cand for p, _ in measured],
+            [tv.ms.runner.RunnerResult(run_secs=[lat or 1e10], error_msg=None) for lat in lats])
+
+    @staticmethod
+    def _early_stop(run: _Run) -> bool:
+        return bool(run.req.early_stop and run.done - run.best_at >= run.req.early_stop)
+
+    def _stopping(self, run: _Run, halt: str | None) -> bool:
+        """After a batch: must the run stop (`should_stop` said so, or early stopping)?"""
+        if halt:
+            run.stop = halt
+            run.final = JobState.CANCELLED if halt == "cancelled" else JobState.SUCCEEDED
+            return True
+        if self._early_stop(run):
+            run.stop = f"early stop: no new best in {run.req.early_stop} trials"
+            return True
+        return False
+
+    def _finish(self, run: _Run) -> TuneSummary:
+        self.store.set_job_state(run.job_id, run.final)
+        self._report(run, message=run.stop)
+        return self._summary(run)
+
+    def _report(self, run: _Run, last: MeasureResult | None = None, message: str = "") -> None:
+        best_s = run.best.median_s if run.best is not None else None
+        self.on_progress(Progress(run.job_id, run.done, run.req.trials, best_s,
+                                  gflops(run.req.workload.flops, best_s), last, message))
 
     @staticmethod
     def _input(req: TuneRequest, job_id: str, cand: Any, cand_hash: str, x: np.ndarray, wid: int,
@@ -310,15 +298,18 @@ class Tuner:
                             context=context)
 
     def _measure(self, inp: MeasureInput) -> MeasureResult:
-        """Measure and commit one candidate. An infrastructure failure is recorded under its own
-        attempt id (the trial id stays free for the real result) and retried once; too many in a
-        row fail the job instead of spinning."""
+        """Measure one candidate and write its record, unless the measurement path commits it
+        itself (`Measurer.commits_records`: the farm's API does). An infrastructure failure is
+        recorded here under its own attempt id (the trial id stays free for the real result;
+        nobody else writes that record) and retried once; too many in a row fail the job
+        instead of spinning."""
         tid = inp.trial_id
         for _attempt in range(2):
             res = self.measurer.measure_one(inp)
             if res.invalidity != Invalidity.WORKER_LOST:
                 self._lost_in_a_row = 0
-                self.store.add_records([NewRecord.from_measurement(inp, res)])
+                if not self.measurer.commits_records:
+                    self.store.add_records([NewRecord.from_measurement(inp, res)])
                 return res
             lost_id = f"{tid[:20]}-lost-{uuid.uuid4().hex[:8]}"
             self.store.add_records([NewRecord.from_measurement(
@@ -329,16 +320,16 @@ class Tuner:
                                     f"the kernel (worker_lost); last: {res.error_msg}")
         return res
 
-    def _summary(self, job_id: str, req: TuneRequest, tref: Any, done: int, measured_now: int,
-                 dups: int, stop: str, t0: float, wid: int) -> TuneSummary:
-        best = (self.store.best(wid, tref.id, k=1) or [None])[0]
-        counts = Counter(str(r.invalidity) for r in self.store.records(job_id=job_id))
+    def _summary(self, run: _Run) -> TuneSummary:
+        best = next(iter(self.store.best(run.wid, run.tref.id, k=1)), None)
+        counts = Counter(str(r.invalidity) for r in self.store.records(job_id=run.job_id))
         return TuneSummary(
-            job_id=job_id, workload_key=req.workload.key, target_key=tref.key, trials_done=done,
-            measured_now=measured_now, skipped_duplicates=dups, stop_reason=stop,
-            wall_s=time.monotonic() - t0, best_trial=best.trial_id if best else None,
+            job_id=run.job_id, workload_key=run.req.workload.key, target_key=run.tref.key,
+            trials_done=run.done, measured_now=run.measured_now, skipped_duplicates=run.dups,
+            stop_reason=run.stop, wall_s=time.monotonic() - run.t0,
+            best_trial=best.trial_id if best else None,
             best_s=best.median_s if best else None,
-            best_gflops=gflops(req.workload.flops, best.median_s) if best else None,
+            best_gflops=gflops(run.req.workload.flops, best.median_s) if best else None,
             counts=dict(counts))
 
 
@@ -346,3 +337,49 @@ class Tuner:
 class _Best:
     trial_id: str
     median_s: float
+
+
+@dataclass
+class _Run:
+    """One run of a job: what the steps of `Tuner.run` share and update."""
+
+    req: TuneRequest  # with the space resolved
+    job_id: str
+    wid: int
+    tref: TargetRef
+    target: Any  # tvm Target
+    space: Any  # the space's SpaceGenerator (or its shorthand)
+    t0: float  # monotonic
+    done: int  # the job's measured trials (infrastructure failures left out)
+    best: _Best | None  # the fastest valid record of the workload on the target (any job)
+    best_at: int  # `done` when the best was found (early stopping)
+    measured_now: int = 0
+    dups: int = 0  # proposals dropped as already measured
+    over: bool = False  # nothing to measure: `_start` left the job in its final state
+    stop: str = "budget reached"
+    final: JobState = JobState.SUCCEEDED
+
+
+@dataclass
+class _Search:
+    """The search side of a run: MetaSchedule's tune context and evolutionary search, tunefarm's
+    cost model, the database seeding the population, and every candidate hash measured so far."""
+
+    ctx: Any
+    strategy: Any
+    model: XGBCostModel
+    memdb: Any
+    token: Any  # the workload's token in `memdb`
+    args_info: Any
+    measured: set[str]
+    dup_batches: int = 0  # batches in a row with nothing new
+
+
+@dataclass(frozen=True)
+class _Pick:
+    """A proposed candidate to measure: its schedule, hash, features and input."""
+
+    cand: Any  # ms.MeasureCandidate
+    cand_hash: str
+    features: np.ndarray
+    inp: MeasureInput

@@ -2,37 +2,44 @@
 the Redis stream of their device key; the results come back through SQL (the API's results
 endpoint commits every record a worker posts), so a tuner only ever waits on the database.
 
-    prepare(batch)   XADD every input to Keys.measure(device_key)
+    prepare(batch)   issue every input (SQL `issued_trials`: the API accepts one result for
+                     each, from a worker of this device key, within trial_ttl_s), then XADD
+                     it to Keys.measure(device_key)
     measure_one(inp) wait until SQL holds the trial's record (woken early by the job's "record"
                      events), or the farm gives up on it (Keys.lost: dead-lettered), or nobody
                      measured it within queue_wait_s -> a WORKER_LOST result (retried by the loop)
 
-Redis may be wiped while we wait: an entry that vanished without a record is enqueued again.
+Redis may be wiped while we wait: an entry that vanished without a record is issued and
+enqueued again (issuing is idempotent: it only extends the trial's expiry).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import cast
 
 import redis
 
-from tuner.db.rows import RecordRow
+from tuner.db import trials
 from tuner.db.store import Store
-from tuner.measure import Invalidity, MeasureInput, MeasureResult
+from tuner.errors import DatabaseError, JobHandedOff
+from tuner.measure import Invalidity, MeasureInput, Measurer, MeasureResult
+from tuner.measure.replay import result_of
 from tuner.queue import Keys, streams
 
 log = logging.getLogger(__name__)
 
+_Entries = list[tuple[str, dict[str, str]]]  # stream entries, as a decoding client returns them
 
-class Interrupted(Exception):
+
+class Interrupted(JobHandedOff):
     """The tuner process is stopping (or lost the job's lease, or the job was cancelled under
     it): the job's state is not this run's to decide; another tuner resumes it."""
-
-    leave_job_state = True  # for the search loop: do not mark the job FAILED for this
 
 
 @dataclass
@@ -43,22 +50,23 @@ class _Pending:
     checked_at: float  # monotonic: last time the entry was seen in the stream
 
 
-def result_of(row: RecordRow) -> MeasureResult:
-    """The MeasureResult a committed record stands for."""
-    return MeasureResult(trial_id=row.trial_id, invalidity=row.invalidity,
-                         latencies_s=tuple(row.latencies), error_msg=row.error_msg,
-                         build_s=row.build_s, worker=row.worker)
-
-
-class RemoteMeasurer:
+class RemoteMeasurer(Measurer):
     """Measures through the farm; never raises for a lost measurement (WORKER_LOST instead).
+    The farm commits every record (the API's results endpoint): `commits_records`.
+
+    Every input is issued in SQL (`tuner.db.trials.issue`) before it is enqueued, valid for
+    `trial_ttl_s` (at least `queue_wait_s`): the API accepts a worker's result only for an
+    issued trial. Inputs need a record context (job, workload, target, candidate hash).
 
     `redis_client` must decode responses (`tuner.queue.streams.connect`). `interrupt` (optional)
     is polled while waiting: a reason string abandons the wait with a WORKER_LOST result (job
     cancelled); `shutdown` set raises `Interrupted` (the tuner process is stopping)."""
 
+    commits_records = True  # the API's results endpoint writes each trial's record
+
     def __init__(self, redis_client: redis.Redis, keys: Keys, device_key: str, *, store: Store,
                  queue_wait_s: float, lease_s: float, poll_s: float = 0.2,
+                 trial_ttl_s: float | None = None,
                  interrupt: Callable[[], str | None] | None = None,
                  shutdown: threading.Event | None = None) -> None:
         self.r = redis_client
@@ -68,6 +76,7 @@ class RemoteMeasurer:
         self.store = store
         self.queue_wait_s = queue_wait_s
         self.lease_s = lease_s
+        self.trial_ttl_s = max(trial_ttl_s or 0.0, queue_wait_s + lease_s)
         self.poll_s = poll_s
         self.interrupt = interrupt or (lambda: None)
         self.shutdown = shutdown
@@ -78,6 +87,16 @@ class RemoteMeasurer:
         self.requeued = 0  # entries enqueued again after they vanished (for tests and logs)
 
     # ------------------------------------------------------------------ queue
+    def _issue(self, inputs: list[MeasureInput]) -> bool:
+        """Issue `inputs` in SQL (before they are enqueued); False when the database failed
+        (they are not enqueued then: `_check_entry` tries again)."""
+        try:
+            trials.issue(self.store, inputs, self.device_key, self.trial_ttl_s)
+            return True
+        except DatabaseError as exc:
+            log.warning("cannot issue %d trials (will retry): %s", len(inputs), exc)
+            return False
+
     def _enqueue(self, inp: MeasureInput) -> str | None:
         try:
             return streams.enqueue(self.r, self.stream, {"input": inp.to_json()})
@@ -89,10 +108,12 @@ class RemoteMeasurer:
     def prepare(self, inputs: list[MeasureInput]) -> None:
         """Hand the whole batch to the farm now, so every worker of the device key can start."""
         now = time.monotonic()
-        for inp in inputs:
-            if inp.trial_id in self._pending:
-                continue
-            self._pending[inp.trial_id] = _Pending(inp, self._enqueue(inp), now, now)
+        fresh = list({inp.trial_id: inp for inp in inputs
+                      if inp.trial_id not in self._pending}.values())
+        issued = self._issue(fresh) if fresh else True
+        for inp in fresh:
+            self._pending[inp.trial_id] = _Pending(
+                inp, self._enqueue(inp) if issued else None, now, now)
 
     def discard(self) -> int:
         """Withdraw every entry still queued for this measurer (job stopped or finished):
@@ -107,12 +128,17 @@ class RemoteMeasurer:
             log.warning("cannot withdraw %d entries from %s: %s", len(ids), self.stream, exc)
             return 0
 
+    def close(self) -> None:
+        """Withdraw what is still queued (`discard`)."""
+        self.discard()
+
     # ------------------------------------------------------------------ measure
     def measure_one(self, inp: MeasureInput) -> MeasureResult:
         pend = self._pending.get(inp.trial_id)
         if pend is None:  # measured without prepare()
             now = time.monotonic()
-            pend = self._pending[inp.trial_id] = _Pending(inp, self._enqueue(inp), now, now)
+            entry = self._enqueue(inp) if self._issue([inp]) else None
+            pend = self._pending[inp.trial_id] = _Pending(inp, entry, now, now)
         job_id = (inp.context or {}).get("job_id")
         try:
             return self._wait(pend, job_id)
@@ -131,8 +157,8 @@ class RemoteMeasurer:
             if tid in self._lost:
                 return self._lost_result(pend, f"the farm gave up on it: {self._lost[tid]}")
             if self.shutdown is not None and self.shutdown.is_set():
-                raise Interrupted(f"the job was cancelled or the tuner is stopping while trial {tid} "
-                                  "was measured")
+                raise Interrupted(f"the job was cancelled or the tuner is stopping while trial "
+                                  f"{tid} was measured")
             reason = self.interrupt()
             if reason:
                 return self._lost_result(pend, f"measurement abandoned: {reason}")
@@ -150,10 +176,8 @@ class RemoteMeasurer:
         tid = pend.inp.trial_id
         log.warning("trial %s: %s", tid, msg)
         if pend.entry_id is not None:
-            try:
+            with contextlib.suppress(redis.RedisError, OSError):
                 self.r.xdel(self.stream, pend.entry_id)
-            except (redis.RedisError, OSError):
-                pass
         return MeasureResult.failure(tid, Invalidity.WORKER_LOST, msg)
 
     def _check_entry(self, pend: _Pending, job_id: str | None) -> None:
@@ -164,7 +188,8 @@ class RemoteMeasurer:
             return
         pend.checked_at = now
         try:
-            if pend.entry_id is not None and streams.entry_exists(self.r, self.stream, pend.entry_id):
+            if (pend.entry_id is not None
+                    and streams.entry_exists(self.r, self.stream, pend.entry_id)):
                 return
         except (redis.RedisError, OSError) as exc:
             log.warning("cannot check trial %s on %s: %s", pend.inp.trial_id, self.stream, exc)
@@ -177,7 +202,7 @@ class RemoteMeasurer:
             self._read_lost(job_id)
         if tid in self._lost:
             return
-        pend.entry_id = self._enqueue(pend.inp)
+        pend.entry_id = self._enqueue(pend.inp) if self._issue([pend.inp]) else None
         if pend.entry_id is not None:
             self.requeued += 1
             log.warning("trial %s vanished from %s (Redis flushed?): enqueued again as %s", tid,
@@ -186,7 +211,8 @@ class RemoteMeasurer:
     def _read_lost(self, job_id: str) -> None:
         last = self._lost_last.get(job_id, "0-0")
         try:
-            rows = self.r.xrange(self.keys.lost(job_id), min=f"({last}", max="+", count=1000)
+            rows = cast(_Entries, self.r.xrange(self.keys.lost(job_id), min=f"({last}", max="+",
+                                                count=1000))
         except (redis.RedisError, OSError):
             return
         for entry_id, fields in rows:
@@ -205,9 +231,10 @@ class RemoteMeasurer:
         try:
             last = self._events_last.get(job_id)
             if last is None:
-                newest = self.r.xrevrange(stream, count=1)
+                newest = cast(_Entries, self.r.xrevrange(stream, count=1))
                 last = self._events_last[job_id] = newest[0][0] if newest else "0-0"
-            reply = self.r.xread({stream: last}, count=100, block=max(1, int(self.poll_s * 1000)))
+            reply = cast(list[tuple[str, _Entries]] | None, self.r.xread(
+                {stream: last}, count=100, block=max(1, int(self.poll_s * 1000))))
             for _name, entries in reply or []:
                 if entries:
                     self._events_last[job_id] = entries[-1][0]

@@ -9,10 +9,18 @@ While a job runs, a lease thread renews the lease every few seconds and watches 
 a cancel request (CANCELLING) cancels the job at once, abandoning the measurements in flight.
 SIGTERM (or `stop_event`) stops the tuner promptly: the running job goes back to RUNNING with
 its lease released, for another tuner to resume.
+
+Fairness: `tuner.db.jobs.claim` picks the job of the owner with the fewest jobs held by tuners.
+Wall budget: a job's `wall_budget_s` counts from its `started_at` (when it first became RUNNING,
+not when it was submitted; a resumed job keeps its first start). It is enforced between
+candidates (`should_stop`), while waiting for a measurement (the wait is abandoned at the
+deadline) and by the worker: each input's run deadline (`MeasureOptions.run_timeout_s`) is capped
+to the time left, at least `MIN_RUN_TIMEOUT_S` (`_Deadlined`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -20,54 +28,49 @@ import socket
 import threading
 import time
 import uuid
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from datetime import datetime
+from typing import Any, ClassVar
 
 import redis
 
+from tuner import signals
 from tuner.config import Settings, get_settings
 from tuner.db import Store
 from tuner.db import jobs as jobdb
+from tuner.db.jobs import JobOptions
 from tuner.db.models import JobState, utcnow
 from tuner.db.rows import JobRow
 from tuner.errors import Conflict
-from tuner.measure import MeasureOptions
-from tuner.queue import Keys, events, streams
-from tuner.search.loop import Progress, Tuner, TuneRequest
-from tuner.service import signals
+from tuner.isolation import undumpable
+from tuner.measure import MeasureInput, MeasureOptions, Measurer, MeasureResult
+from tuner.queue import Keys, events, mark_cancelled, streams
+from tuner.search import Progress, Tuner, TuneRequest
 from tuner.service.measurer import Interrupted, RemoteMeasurer
 from tuner.workloads import parse_spec
 
 log = logging.getLogger(__name__)
 
-CANCELLED_TTL_S = 24 * 3600
-
-
-def measure_options(settings: Settings, target: dict[str, Any]) -> MeasureOptions:
-    """The measurement protocol from the settings, as `tunefarm tune` builds it: a kernel runs
-    on the target's num-cores threads (TVM_NUM_THREADS in the worker's sandbox)."""
-    threads = settings.num_threads or int(target.get("num-cores") or 1)
-    return MeasureOptions(min_repeat_ms=settings.min_repeat_ms, repeats=settings.repeats,
-                          cache_flush=settings.cache_flush, build_timeout_s=settings.build_timeout_s,
-                          run_timeout_s=settings.run_timeout_s, num_threads=threads)
+MIN_RUN_TIMEOUT_S = 1.0  # a run deadline capped by a job's wall budget is never shorter
+BUDGET_REACHED = "wall-clock budget reached"
 
 
 def tune_request(store: Store, job: JobRow, settings: Settings) -> TuneRequest:
-    """The TuneRequest of a stored job (workload spec, target, trials, space, options)."""
+    """The TuneRequest of a stored job (workload spec, target, trials, space, options); the
+    measurement protocol is the settings' (`MeasureOptions.from_settings`), as in `tunefarm
+    tune`."""
     wrow = store.get_workload(job.workload_id)
     tref = store.get_target(job.target_id)
     if wrow is None or tref is None:
         raise LookupError(f"job {job.id} names a workload or target that does not exist")
     target = json.loads(tref.target_json)
-    opts = job.options or {}
-    seed = opts.get("seed")
+    opts = JobOptions.from_stored(job.options or {}, settings)
     return TuneRequest(
         workload=parse_spec(json.loads(wrow.spec_json)), target=target, trials=job.trials,
-        device_key=tref.device_key, space=job.space,
-        batch_size=int(opts.get("batch_size") or settings.batch_size),
-        early_stop=opts.get("early_stop"),
-        seed=int(seed if seed is not None else (settings.seed or 0)),
-        options=measure_options(settings, target), job_id=job.id)
+        device_key=tref.device_key, space=job.space, batch_size=opts.batch_size,
+        early_stop=opts.early_stop, seed=opts.seed,
+        options=MeasureOptions.from_settings(settings, target), job_id=job.id)
 
 
 @dataclass
@@ -76,7 +79,7 @@ class _JobWatch:
 
     job: JobRow
     entry_id: str | None = None  # its wake-up entry on Keys.jobs, held while the job runs
-    started: float = field(default_factory=time.monotonic)
+    started_at: datetime | None = None  # the job's started_at, once it runs (for its budget)
     cancelled: bool = False
     lease_lost: bool = False
     abort: threading.Event = field(default_factory=threading.Event)  # stop measuring now
@@ -158,9 +161,10 @@ class TunerService:
             measurer = RemoteMeasurer(
                 self.r, self.keys, req.device_key, store=self.store,
                 queue_wait_s=self.settings.queue_wait_s, lease_s=self.settings.lease_s,
-                shutdown=watch.abort)
-            tuner = Tuner(self.store, measurer, on_progress=self._progress,
-                          should_stop=lambda: self._should_stop(watch))
+                trial_ttl_s=self.settings.trial_ttl_s,
+                interrupt=lambda: self._budget_spent(watch), shutdown=watch.abort)
+            tuner = Tuner(self.store, _Deadlined(measurer, lambda: self._time_left(watch)),
+                          on_progress=self._progress, should_stop=lambda: self._should_stop(watch))
             self._publish_state(job.id, JobState.RUNNING)
             tuner.run(req)
         except Interrupted as exc:  # the loop leaves the job RUNNING: another tuner resumes it
@@ -192,7 +196,7 @@ class TunerService:
 
     def _transition(self, job_id: str, to: JobState, **kw: Any) -> JobRow | None:
         try:
-            return jobdb.transition(self.store, job_id, to, **kw)
+            return self.store.set_job_state(job_id, to, **kw)
         except Conflict as exc:
             log.info("job %s: %s", job_id, exc)
             return self.store.get_job(job_id)
@@ -205,15 +209,31 @@ class TunerService:
     def _should_stop(self, watch: _JobWatch) -> str | None:
         if watch.cancelled:
             return "cancelled"
-        budget = watch.job.wall_budget_s
-        if budget is not None:
-            began = watch.job.started_at
-            spent = (utcnow() - began).total_seconds() if began else 0.0
-            if max(spent, time.monotonic() - watch.started) >= budget:
-                return "wall-clock budget reached"
+        if self._budget_spent(watch):
+            return BUDGET_REACHED
         if watch.abort.is_set():
             raise Interrupted("tuner stopping")
         return None
+
+    def _time_left(self, watch: _JobWatch) -> float | None:
+        """Seconds left of the job's wall budget, counted from its started_at (read from SQL
+        once, after the search loop made it RUNNING); None without a budget or before then."""
+        budget = watch.job.wall_budget_s
+        if budget is None:
+            return None
+        if watch.started_at is None:
+            began = watch.job.started_at
+            if began is None:
+                row = self.store.get_job(watch.job.id)
+                began = row.started_at if row is not None else None
+            if began is None:
+                return None
+            watch.started_at = began
+        return budget - (utcnow() - watch.started_at).total_seconds()
+
+    def _budget_spent(self, watch: _JobWatch) -> str | None:
+        left = self._time_left(watch)
+        return BUDGET_REACHED if left is not None and left <= 0 else None
 
     def _progress(self, p: Progress) -> None:
         last = None if p.last is None else str(p.last.invalidity)
@@ -245,7 +265,7 @@ class TunerService:
                     watch.abort.set()
                     return
                 row = self.store.get_job(watch.job.id)
-            except Exception as exc:  # noqa: BLE001 - a database hiccup: try again next tick
+            except Exception as exc:  # a database hiccup: try again next tick
                 log.warning("cannot renew the lease of job %s: %s", watch.job.id, exc)
                 continue
             if row is not None and row.state is JobState.CANCELLING and not watch.cancelled:
@@ -256,24 +276,53 @@ class TunerService:
         """Keep the job's wake-up entry from being reclaimed by other tuners while it runs."""
         if watch.entry_id is None:
             return
-        try:
+        with contextlib.suppress(redis.RedisError, OSError):
             streams.keep_lease(self.r, self.keys.jobs, Keys.TUNERS_GROUP, self.owner,
                                [watch.entry_id])
-        except (redis.RedisError, OSError):
-            pass
 
     def _cancel(self, watch: _JobWatch) -> None:
         """A cancel request: the job is CANCELLED now, workers skip its queued trials and the
         measurement in flight is abandoned."""
         job_id = watch.job.id
         log.info("job %s: cancel requested", job_id)
-        try:
-            self.r.set(self.keys.cancelled(job_id), "1", ex=CANCELLED_TTL_S)
-        except (redis.RedisError, OSError) as exc:
-            log.warning("cannot mark job %s cancelled in Redis: %s", job_id, exc)
+        mark_cancelled(self.r, self.keys, job_id)
         watch.cancelled = True
         self._transition(job_id, JobState.CANCELLED)
         watch.abort.set()
+
+
+class _Deadlined(Measurer):
+    """The farm measurer of one job, giving each input a run deadline no later than the job's
+    wall-clock deadline: `run_timeout_s` capped to the time left (at least MIN_RUN_TIMEOUT_S),
+    so the worker itself stops a kernel at the job's deadline. Build deadlines are left alone
+    (a build cut short would be recorded as a `build_timeout` of a good candidate)."""
+
+    commits_records: ClassVar[bool] = RemoteMeasurer.commits_records
+
+    def __init__(self, inner: RemoteMeasurer, time_left: Callable[[], float | None]) -> None:
+        self.inner = inner
+        self.time_left = time_left
+
+    def capped(self, inp: MeasureInput) -> MeasureInput:
+        left = self.time_left()
+        if left is None:
+            return inp
+        cap = max(MIN_RUN_TIMEOUT_S, left)
+        if inp.options.run_timeout_s <= cap:
+            return inp
+        return replace(inp, options=replace(inp.options, run_timeout_s=cap))
+
+    def prepare(self, inputs: list[MeasureInput]) -> None:
+        self.inner.prepare([self.capped(i) for i in inputs])
+
+    def measure_one(self, inp: MeasureInput) -> MeasureResult:
+        return self.inner.measure_one(self.capped(inp))
+
+    def probe(self) -> bool:
+        return self.inner.probe()
+
+    def close(self) -> None:
+        self.inner.close()
 
 
 def run_tuner(*, store_url: str | None, redis_url: str, prefix: str,
@@ -285,6 +334,7 @@ def run_tuner(*, store_url: str | None, redis_url: str, prefix: str,
     settings = settings or get_settings()
     stop = stop_event or threading.Event()
     restore = signals.stop_on_signals(stop)
+    undumpable()  # database and Redis credentials: hidden from processes of the same user
     store = Store(store_url)
     r = streams.connect(redis_url)
     svc = TunerService(store, r, Keys(prefix), settings=settings, stop_event=stop, poll_s=poll_s)

@@ -17,6 +17,15 @@ from .tvmscript import parse_tvmscript, vet_tvmscript
 from .workload import Workload
 
 __all__ = [
-    "OPS", "OpDef", "ParamDef", "ArgSpec", "Workload", "parse_spec", "from_cli", "describe_ops",
-    "canonical_json", "vet_tvmscript", "parse_tvmscript",
+    "OPS",
+    "ArgSpec",
+    "OpDef",
+    "ParamDef",
+    "Workload",
+    "canonical_json",
+    "describe_ops",
+    "from_cli",
+    "parse_spec",
+    "parse_tvmscript",
+    "vet_tvmscript",
 ]

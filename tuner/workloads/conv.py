@@ -13,7 +13,14 @@ import numpy as np
 from ..config import get_settings
 from ..errors import SpecError
 from .base import (
-    DILATION, FLOAT_DTYPES, PADDING, STRIDE, ArgSpec, OpDef, ParamDef, float_tolerance,
+    DILATION,
+    FLOAT_DTYPES,
+    PADDING,
+    STRIDE,
+    ArgSpec,
+    OpDef,
+    ParamDef,
+    float_tolerance,
 )
 
 LAYOUT = ParamDef("layout", "choice", "NCHW",

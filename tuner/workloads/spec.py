@@ -45,8 +45,9 @@ def parse_spec(spec: dict[str, Any]) -> Workload:
                         f"{', '.join(opdef.fields)}", field=unknown[0])
     # a missing field or null (JSON) takes the default
     dtype = spec.get("dtype")
-    canon: dict[str, Any] = {"op": op, "shape": _shape(opdef, spec.get("shape")),
-                             "dtype": _dtype(opdef, opdef.default_dtype if dtype is None else dtype)}
+    canon: dict[str, Any] = {
+        "op": op, "shape": _shape(opdef, spec.get("shape")),
+        "dtype": _dtype(opdef, opdef.default_dtype if dtype is None else dtype)}
     for p in opdef.params:
         value = spec.get(p.name)
         canon[p.name] = p.normalize(p.default if value is None else value)
@@ -141,4 +142,4 @@ def from_cli(op: str, shape: str | list[int] | None,
     return parse_spec(spec)
 
 
-__all__ = ["parse_spec", "from_cli"]
+__all__ = ["from_cli", "parse_spec"]

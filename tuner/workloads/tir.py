@@ -5,11 +5,15 @@ are outputs. The key is `tir-<structural hash of {"main": func}>` after the func
 global_symbol is set to "main" (the user's function and buffer names do not change it; attrs,
 shapes, dtypes and the body do).
 
-Besides the vetting in `tvmscript.py`, the parsed function must: have only buffer params with
-constant shapes and supported dtypes, use only for-loops with constant extents (total iteration
-count <= max_ops), allocate no buffer past max_tensor_elements, carry only known function attrs,
-and pass TVM's static out-of-bounds checker (`s_tir.analysis.OOBChecker`): the reference runs
-the function on this host.
+Besides the vetting in `tvmscript.py` (and the parse in a child process), the parsed function
+must: have only buffer params with constant shapes and supported dtypes, use only for-loops with
+constant extents (total iteration count <= max_ops; a T.vectorized loop at most
+MAX_VECTORIZED_EXTENT, a T.unroll loop at most MAX_UNROLL_EXTENT iterations), allocate no buffer
+past max_tensor_elements and no more than max_tensor_elements elements in all its alloc_buffer /
+sblock_alloc_buffer together, carry only known function attrs, index no buffer with a value read
+from a buffer (data-dependent indexing: a load in a buffer index, a loop bound or a region, also
+through a variable bound to one), and pass TVM's static out-of-bounds checker
+(`s_tir.analysis.OOBChecker`): the reference runs the function on this host.
 
 flops: TVM's estimator `tvm.s_tir.analysis.estimate_tir_flops` (counts arithmetic ops per
 loop iteration; a plain copy counts 0). If the estimator fails, the loop iteration count is used.
@@ -30,6 +34,7 @@ from ..config import get_settings
 from ..errors import SpecError
 from .base import ArgSpec, OpDef, float_tolerance, is_int
 from .tvmscript import FIELD, param_buffers, parse_tvmscript
+from .tvmscript_rules import MAX_UNROLL_EXTENT, MAX_VECTORIZED_EXTENT
 
 SUPPORTED_DTYPES = ("float16", "float32", "float64", "int8", "int16", "int32", "int64",
                     "uint8", "uint16", "uint32", "uint64", "bool")
@@ -53,20 +58,38 @@ def _const(expr: Any, what: str) -> int:
     return int(expr.value)
 
 
-def _check_buffer(buf: Any, limit: int) -> None:
+def _check_buffer(buf: Any, limit: int) -> int:
+    """The element count of `buf`; SpecError past `limit` or for a symbolic shape."""
     dims = [_const(d, f"the shape of buffer {buf.name}") for d in buf.shape]
     if math.prod(dims) > limit:
         raise SpecError(f"buffer {buf.name} {dims} has {math.prod(dims)} elements; the limit is "
                         f"{limit}", field=FIELD)
+    return math.prod(dims)
+
+
+def _check_loop(node: Any) -> int:
+    """The constant extent of a For; SpecError past the vectorize/unroll caps."""
+    from ..tvm_api import tvm
+
+    extent = _const(node.extent, "every loop extent")
+    kind = int(node.kind)
+    if kind == int(tvm.tirx.ForKind.VECTORIZED) and extent > MAX_VECTORIZED_EXTENT:
+        raise SpecError(f"T.vectorized loop {node.loop_var} has extent {extent}; the limit is "
+                        f"{MAX_VECTORIZED_EXTENT}", field=FIELD)
+    if kind == int(tvm.tirx.ForKind.UNROLLED) and extent > MAX_UNROLL_EXTENT:
+        raise SpecError(f"T.unroll loop {node.loop_var} has extent {extent}; the limit is "
+                        f"{MAX_UNROLL_EXTENT}", field=FIELD)
+    return extent
 
 
 def _count_iterations(stmt: Any, limit: int) -> int:
     """Sum over leaf statements of the product of the enclosing loop extents; checks loops and
-    allocations on the way."""
+    allocations (each buffer, and their total) on the way."""
     from ..tvm_api import tvm
 
     tirx = tvm.tirx
-    total = 0
+    cap = get_settings().max_tensor_elements
+    total = allocated = 0
     stack = [(stmt, 1)]
     while stack:
         node, mult = stack.pop()
@@ -75,16 +98,23 @@ def _count_iterations(stmt: Any, limit: int) -> int:
         if isinstance(node, tirx.While):
             raise SpecError("while loops are not allowed", field=FIELD)
         if isinstance(node, tirx.For):
-            mult *= max(_const(node.extent, "every loop extent"), 0)
+            mult *= max(_check_loop(node), 0)
         keys = [str(k) for k in (getattr(node, "annotations", None) or {})]
         if isinstance(node, tirx.AttrStmt):
             keys.append(str(node.attr_key))
         if any(k.startswith("pragma") for k in keys):  # pragma_import_llvm links LLVM IR text
             raise SpecError(f"pragma annotations are not allowed: {keys}", field=FIELD)
-        if isinstance(node, tirx.AllocBuffer | tirx.DeclBuffer):
-            _check_buffer(node.buffer, get_settings().max_tensor_elements)
-        for buf in getattr(node, "alloc_buffers", None) or ():
-            _check_buffer(buf, get_settings().max_tensor_elements)
+        bufs = list(getattr(node, "alloc_buffers", None) or ())
+        if isinstance(node, tirx.DeclBuffer):
+            _check_buffer(node.buffer, cap)
+        if isinstance(node, tirx.AllocBuffer):
+            bufs.append(node.buffer)
+        for buf in bufs:
+            allocated += _check_buffer(buf, cap)
+            if allocated > cap:
+                raise SpecError(f"the function allocates more than {cap} buffer elements in all "
+                                "(alloc_buffer / sblock_alloc_buffer together; the limit is "
+                                "max_tensor_elements)", field=FIELD)
         children = list(getattr(node, "seq", None) or ())
         children += [getattr(node, a, None) for a in ("block", "init", "body", "then_case",
                                                       "else_case")]
@@ -98,17 +128,70 @@ def _count_iterations(stmt: Any, limit: int) -> int:
     return total
 
 
+def check_data_independent(body: Any) -> None:
+    """SpecError naming the buffer when any buffer index (of a load or a store), loop bound or
+    buffer region depends on a value read from a buffer, directly or through a variable bound to
+    one (a Bind/let, a block iterator's binding). Such an index is unchecked by the static
+    out-of-bounds checker: the kernel could read or write anywhere."""
+    from ..tvm_api import tvm, tvm_ffi
+
+    tirx, load_t = tvm.tirx, tvm.ir.TensorLoad
+    nodes: list[Any] = []
+    tvm_ffi.structural_walk(body, [((load_t, tirx.BufferStore, tirx.For, tirx.Bind, tirx.Let,
+                                     tvm.s_tir.SBlockRealize, tvm.ir.Range), nodes.append)])
+    bindings: list[tuple[Any, Any]] = []  # (var, value)
+    for n in nodes:
+        if isinstance(n, tirx.Bind | tirx.Let):
+            bindings.append((n.var, n.value))
+        elif isinstance(n, tvm.s_tir.SBlockRealize):
+            bindings += [(iv.var, v) for iv, v in zip(n.block.iter_vars, n.iter_values,
+                                                      strict=False)]
+    tainted: set[int] = set()
+
+    def dependent(expr: Any) -> bool:
+        found: list[bool] = []
+
+        def seen(x: Any) -> None:
+            if isinstance(x, load_t) or hash(x) in tainted:
+                found.append(True)
+
+        tvm_ffi.structural_walk(expr, [((load_t, tirx.Var), seen)])
+        return bool(found)
+
+    changed = True
+    while changed:  # a variable bound to a load, or to a variable bound to one, ...
+        changed = False
+        for var, value in bindings:
+            if hash(var) not in tainted and dependent(value):
+                tainted.add(hash(var))
+                changed = True
+
+    def refuse(what: str) -> SpecError:
+        return SpecError(f"data-dependent indexing is not allowed: {what} depends on a value "
+                         "read from a buffer", field=FIELD)
+
+    for n in nodes:  # accesses first: their message names the buffer
+        if isinstance(n, load_t | tirx.BufferStore) and any(dependent(i) for i in n.indices):
+            name = getattr(n.source, "name", n.source) if isinstance(n, load_t) else n.buffer.name
+            raise refuse(f"an index of buffer {name}")
+    for n in nodes:
+        if isinstance(n, tirx.For) and (dependent(n.min) or dependent(n.extent)):
+            raise refuse(f"the bounds of loop {n.loop_var}")
+        if isinstance(n, tvm.ir.Range) and (dependent(n.min) or dependent(n.extent)):
+            raise refuse(f"a buffer region [{n.min}, {n.min} + {n.extent})")
+
+
 def _flops(mod: Any, iterations: int) -> int:
     from ..tvm_api import tvm
 
     try:
-        return int(round(float(tvm.s_tir.analysis.estimate_tir_flops(mod))))
+        return round(float(tvm.s_tir.analysis.estimate_tir_flops(mod)))
     except Exception:  # the estimator rejects some constructs: fall back to iterations
         return iterations
 
 
 def parse_tir(spec: dict[str, Any]) -> ParsedTir:
-    from ..tvm_api import structural_hash, tvm
+    from ..tvm_api import shash_hex, tvm
 
     unknown = sorted(set(spec) - {"op", "tvmscript", "num_outputs"})
     if unknown:
@@ -136,6 +219,7 @@ def parse_tir(spec: dict[str, Any]) -> ParsedTir:
         args.append((name, tuple(shape), dtype))
     limits = get_settings()
     iterations = _count_iterations(func.body, int(limits.max_ops))
+    check_data_independent(func.body)
     mod = tvm.IRModule({"main": func})
     try:
         tvm.s_tir.analysis.OOBChecker()(mod)
@@ -148,7 +232,7 @@ def parse_tir(spec: dict[str, Any]) -> ParsedTir:
         raise SpecError(f"{flops:.3g} operations exceed the limit {limits.max_ops:.3g}",
                         field=FIELD)
     canon = {"op": "tir", "tvmscript": spec["tvmscript"], "num_outputs": nout}
-    key = f"tir-{structural_hash(mod):016x}"
+    key = f"tir-{shash_hex(mod)}"
     return ParsedTir(canon, func, key, args, flops, _description(spec["tvmscript"], args, nout),
                      _tolerance(args[-nout:], flops))
 

@@ -18,30 +18,54 @@ run. So the text is first checked with Python's `ast` against an allowlist:
 * no string starting with "pragma" (a loop annotation `pragma_import_llvm` links LLVM IR text
   into the reference build).
 
-Then the text is parsed with `tuner.tvm_api.prim_func_from_tvmscript` (the optional import line
-blanked out: TVM 0.27's parser refuses imports in source strings and supplies `T` itself);
-parser errors become `SpecError(field="tvmscript")` with the first meaningful line of the
-message, and every parameter must be a compact T.Buffer with a constant shape within
-`max_tensor_elements`. `tir.py` checks the parsed function further (loops, allocations,
-function attrs, pragmas, out-of-bounds accesses).
+One canonical text: before any of this, "\r\n" and a lone "\r" become "\n" (once), and every
+other line-breaking character (\v, \f, \x1c-\x1e, \x85, \u2028, \u2029) and every control or
+format character except tab and newline is refused wherever it stands (comments and strings
+included): `str.splitlines()` breaks lines at characters Python's tokenizer treats as ordinary
+inside a comment, so any later re-splitting of the text could reveal code the vetter never saw.
+The AST of exactly that canonical text is vetted, and the parser receives exactly that text
+(the optional import line blanked by splitting on "\n" only; the result is checked to have the
+vetted AST).
+
+Then the text is parsed in a throwaway child process (`isolate.parse_isolated`: clean
+environment, resource limits, no root; never in a process that holds credentials), which vets
+it again and returns the PrimFunc as TVM JSON (TVM 0.27's parser refuses imports in source
+strings and supplies `T` itself). Parser errors become `SpecError(field="tvmscript")` with the
+first meaningful line of the message, and every parameter must be a compact T.Buffer with a
+constant shape within `max_tensor_elements`. `tir.py` checks the parsed function further
+(loops, allocations, function attrs, pragmas, data-dependent indexing, out-of-bounds accesses).
 """
 
 from __future__ import annotations
 
 import ast
 import math
-import re
+import unicodedata
 from typing import Any
 
 from ..config import get_settings
 from ..errors import SpecError
+from .isolate import parse_isolated
 from .tvmscript_rules import (
-    ALLOWED_BUILTINS, DECORATOR_KWARGS, FIELD, MAX_AST_DEPTH, MAX_INT, MAX_STRING_CHARS, NICE,
-    NODES, RESERVED_NAMES, T_ATTRS, T_SUBATTRS, VALUE_ATTRS,
+    ALLOWED_BUILTINS,
+    BANNED_CATEGORIES,
+    CHAR_NAMES,
+    DECORATOR_KWARGS,
+    FIELD,
+    LINE_BREAKS,
+    MAX_AST_DEPTH,
+    MAX_INT,
+    MAX_STRING_CHARS,
+    NICE,
+    NODES,
+    RESERVED_NAMES,
+    T_ATTRS,
+    T_SUBATTRS,
+    VALUE_ATTRS,
 )
 
 
-def _fail(msg: str, node: ast.AST | None = None) -> SpecError:
+def _fail(msg: str, node: ast.AST | SyntaxError | None = None) -> SpecError:
     line = getattr(node, "lineno", None)
     return SpecError(f"line {line}: {msg}" if line else msg, field=FIELD)
 
@@ -68,7 +92,8 @@ def _check_limits(text: str) -> ast.Module:
         raise _fail(f"syntax error: {exc.msg}", exc) from None
     except (ValueError, RecursionError, MemoryError) as exc:
         raise _fail(f"cannot parse: {type(exc).__name__}: {exc}") from None
-    count, depth, stack = 0, 0, [(tree, 1)]
+    count, depth = 0, 0
+    stack: list[tuple[ast.AST, int]] = [(tree, 1)]
     while stack:
         node, d = stack.pop()
         count += 1
@@ -221,14 +246,34 @@ def _check_node(node: ast.AST, bound: set[str], seqs: set[str], loop_iters: set[
             raise _fail("operators on lists, tuples, dicts or strings are not allowed", node)
 
 
-def vet_tvmscript(text: Any) -> str:
-    """Check untrusted TVMScript; return the text to hand to the parser (the optional import
-    line blanked out, since the parser supplies `T` and refuses imports). Raises SpecError."""
+def canonical_text(text: Any) -> str:
+    """The one text that is vetted and parsed: CRLF and lone CR turned into LF, once. SpecError
+    for any other line-breaking character and any control/format character but tab and LF,
+    wherever it stands (comment, string literal or code), naming the character and its line."""
     if not isinstance(text, str):
         raise SpecError(f"must be a string of TVMScript, got {type(text).__name__}", field=FIELD)
-    if not text.strip():
+    canon = text.replace("\r\n", "\n").replace("\r", "\n")
+    bad = [c for c in set(canon) if c not in "\t\n" and (
+        c in LINE_BREAKS or unicodedata.category(c) in BANNED_CATEGORIES)]
+    if bad:
+        pos = min(canon.index(c) for c in bad)
+        c = canon[pos]
+        name = CHAR_NAMES.get(c) or unicodedata.name(c, "control character").lower()
+        line = canon.count("\n", 0, pos) + 1
+        raise SpecError(f"line {line}: character U+{ord(c):04X} ({name}) is not allowed anywhere "
+                        "in TVMScript (of the control characters only tab and the line ends LF, "
+                        "CRLF and CR are)", field=FIELD)
+    return canon
+
+
+def vet_tvmscript(text: Any) -> str:
+    """Check untrusted TVMScript; return the text to hand to the parser: the canonical text
+    (`canonical_text`) whose AST was vetted, the optional import line blanked out (the parser
+    supplies `T` and refuses imports). Raises SpecError."""
+    canon = canonical_text(text)
+    if not canon.strip():
         raise SpecError("is empty", field=FIELD)
-    tree = _check_limits(text)
+    tree = _check_limits(canon)
     fn = _check_structure(tree)
     for node in ast.walk(fn):
         _check_kind(node, fn)
@@ -236,40 +281,23 @@ def vet_tvmscript(text: Any) -> str:
     loop_iters = {id(n.iter) for n in ast.walk(fn) if isinstance(n, ast.For)}
     for node in ast.walk(fn):
         _check_node(node, bound, seqs, loop_iters)
-    lines = text.splitlines()
+    lines = canon.split("\n")
     first = tree.body[0]
     if _is_import_t(first):
         for i in range(first.lineno - 1, (first.end_lineno or first.lineno)):
             lines[i] = ""
-    return "\n".join(lines) + "\n"
-
-
-_LOC = re.compile(r"-->\s*\S*?:(\d+):(\d+)")
-
-
-def first_error_line(exc: BaseException) -> str:
-    """The first meaningful line of a TVMScript parser error, with its line number."""
-    text = str(exc)
-    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
-    lines = [ln for ln in lines if not ln.startswith("note: run with")]
-    msg = next((ln for ln in lines if ln.startswith("error:")), lines[0] if lines else "")
-    msg = msg.removeprefix("error:").strip() or type(exc).__name__
-    loc = _LOC.search(text)
-    if loc:
-        msg = f"line {loc.group(1)}: {msg}"
-    return msg[:300]
+    vetted = "\n".join(lines)
+    # defense in depth: what the parser gets is the vetted function and nothing else
+    if ast.dump(ast.parse(vetted)) != ast.dump(ast.Module(body=[fn], type_ignores=[])):
+        raise _fail("the text changed meaning when its import line was removed")
+    return vetted
 
 
 def parse_tvmscript(text: Any) -> Any:
-    """Vet, then parse untrusted TVMScript into a PrimFunc (global_symbol set to "main").
-    Every failure is a SpecError(field="tvmscript")."""
-    from ..tvm_api import prim_func_from_tvmscript
-
-    vetted = vet_tvmscript(text)
-    try:
-        func = prim_func_from_tvmscript(vetted)
-    except Exception as exc:  # DiagnosticError, TypeError, ValueError, ... from the parser
-        raise SpecError(f"TVMScript parser: {first_error_line(exc)}", field=FIELD) from None
+    """Vet, then parse untrusted TVMScript into a PrimFunc (global_symbol set to "main") in a
+    throwaway child process (results cached by content). Every failure is a
+    SpecError(field="tvmscript")."""
+    func = parse_isolated(vet_tvmscript(text))
     check_params(func)
     return func.with_attr("global_symbol", "main")
 

@@ -9,6 +9,19 @@ FIELD = "tvmscript"
 MAX_AST_DEPTH = 64
 MAX_STRING_CHARS = 128
 MAX_INT = 2**63
+MAX_VECTORIZED_EXTENT = 64  # lanes of one T.vectorized loop
+MAX_UNROLL_EXTENT = 256  # iterations of one T.unroll loop (code size of the build)
+
+# every character str.splitlines() breaks at (besides "\n"; "\r" and "\r\n" are normalised to
+# "\n"): Python's tokenizer treats them as ordinary characters inside comments and strings
+LINE_BREAKS = frozenset("\r\v\f\x1c\x1d\x1e\x85\u2028\u2029")
+# refused anywhere in a text (tab and "\n" excepted): control, format (bidi overrides,
+# zero-width), line/paragraph separators, lone surrogates
+BANNED_CATEGORIES = frozenset({"Cc", "Cf", "Zl", "Zp", "Cs"})
+CHAR_NAMES = {"\x00": "NUL", "\v": "vertical tab", "\f": "form feed", "\r": "carriage return",
+              "\x1c": "file separator", "\x1d": "group separator",
+              "\x1e": "record separator", "\x1f": "unit separator", "\x7f": "delete",
+              "\x85": "next line", "\x1b": "escape"}
 
 ALLOWED_BUILTINS = frozenset({"range", "len", "min", "max", "int", "float"})
 # names the parser puts in scope (tvm.script.parser.core.entry._default_globals) plus all builtins

@@ -68,9 +68,9 @@ class Workload:
     def shash(self) -> str:
         """16 hex digits: the structural hash of `mod()` (what MetaSchedule keys on)."""
         if "shash" not in self._cache:
-            from ..tvm_api import structural_hash
+            from ..tvm_api import shash_hex
 
-            self._cache["shash"] = f"{structural_hash(self.mod()):016x}"
+            self._cache["shash"] = shash_hex(self.mod())
         return self._cache["shash"]
 
     # --- data ----------------------------------------------------------------------------------
@@ -103,15 +103,15 @@ class Workload:
         if len(inputs) != len(ins):
             raise SpecError(f"{self.op} takes {len(ins)} inputs, got {len(inputs)}",
                             field="inputs")
-        for i, ((name, shape, dt), x) in enumerate(zip(ins, inputs, strict=True)):
+        for i, ((name, shape, _dt), x) in enumerate(zip(ins, inputs, strict=True)):
             if tuple(np.shape(x)) != tuple(shape):
                 raise SpecError(f"input {name} must have shape {list(shape)}, got "
                                 f"{list(np.shape(x))}", field=f"inputs[{i}]")
         if self.op == "tir":
             from .tir import run_reference
 
-            return run_reference(self.mod(), list(self._arg_specs),
-                                 [np.asarray(x, dtype=dt) for (_, _, dt), x in zip(ins, inputs)])
+            arrays = [np.asarray(x, dtype=dt) for (_, _, dt), x in zip(ins, inputs, strict=True)]
+            return run_reference(self.mod(), list(self._arg_specs), arrays)
         ref = OPS[self.op].reference
         assert ref is not None
         return ref(self.spec, list(inputs))

@@ -26,7 +26,7 @@ def _url() -> str:
 
 
 def _configure(connection: Connection | None = None, url: str | None = None) -> None:
-    dialect = connection.dialect.name if connection is not None else url.split(":", 1)[0]
+    dialect = connection.dialect.name if connection is not None else (url or "").split(":", 1)[0]
     context.configure(
         connection=connection,
         url=url,

@@ -2,6 +2,7 @@
 (MeasureResult). Both are plain JSON so they cross process and network boundaries unchanged.
 
 Failures travel as data (an `Invalidity` and an error message), never as exceptions.
+`MeasureOptions.from_settings` is the one place the protocol is built from the settings.
 """
 
 from __future__ import annotations
@@ -10,7 +11,10 @@ import json
 import statistics
 from dataclasses import asdict, dataclass, field
 from enum import StrEnum
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from tuner.config import Settings
 
 
 class Invalidity(StrEnum):
@@ -41,12 +45,23 @@ class MeasureOptions:
     # than this (the best so far); None: always. Other programs are always verified.
     verify_below_s: float | None = None
 
+    @classmethod
+    def from_settings(cls, settings: Settings, target: dict[str, Any], *,
+                      cache_flush: bool | None = None) -> MeasureOptions:
+        """The measurement protocol of `settings` for `target`: a kernel runs on
+        `settings.num_threads` threads, else the target's num-cores (TVM_NUM_THREADS in the
+        sandbox), else 1. `cache_flush` overrides the setting (None keeps it)."""
+        threads = settings.num_threads or int(target.get("num-cores") or 1)
+        return cls(min_repeat_ms=settings.min_repeat_ms, repeats=settings.repeats,
+                   cache_flush=settings.cache_flush if cache_flush is None else cache_flush,
+                   build_timeout_s=settings.build_timeout_s, run_timeout_s=settings.run_timeout_s,
+                   num_threads=threads)
 
-class Measurer(Protocol):
-    """What the search loop measures with. `prepare` (optional) sees a batch before its
-    candidates are measured one by one, e.g. to build them in parallel."""
 
-    def measure_one(self, inp: MeasureInput) -> MeasureResult: ...
+def gflops(flops: float, seconds: float | None) -> float | None:
+    """Throughput of a kernel doing `flops` operations in `seconds`; None without a time (or
+    without a count: a workload whose operations are not counted)."""
+    return flops / seconds / 1e9 if seconds and flops else None
 
 
 @dataclass(frozen=True)
@@ -60,6 +75,9 @@ class MeasureInput:
     artifact: str | None = None  # a kernel library already built for this trial, on this host
     # with `artifact`: (shape, dtype) of each of the built kernel's parameters (workers.builder)
     artifact_params: list[tuple[tuple[int, ...], str]] | None = None
+    # with `artifact`: the sha256 (hex) of its bytes; the loading side refuses a library whose
+    # bytes hash differently (or that comes without one)
+    artifact_sha256: str | None = None
     # what the record of this trial needs besides the result (job_id, workload_id, target_id,
     # space, cand_hash, decisions, features_b64, tvm_version): whoever commits the result (the
     # tuner, or the API for a farm worker) writes the full record from it (tuner.db.rows.NewRecord)

@@ -1,6 +1,7 @@
-"""A fake farm worker thread for the service tests: it measures nothing; it reads
-Keys.measure(device_key), writes each input's record through Store.add_records (as the API's
-results endpoint does), publishes the "record" event and acknowledges the entry."""
+"""A fake farm worker thread for the service tests: it reads Keys.measure(device_key), writes each
+input's record through Store.add_records (as the API's results endpoint does), publishes the
+"record" event and acknowledges the entry. By default it measures nothing (`ok_result`); given a
+`measurer` (e.g. a real LocalMeasurer) it measures each entry with it, as a worker would."""
 
 from __future__ import annotations
 
@@ -13,32 +14,34 @@ from typing import Any, Self
 
 import redis
 
+from tests.support.fakes import ok_result
 from tuner.db import Store
 from tuner.db.rows import NewRecord
-from tuner.measure import Invalidity, MeasureInput, MeasureResult
+from tuner.measure import Invalidity, MeasureInput, Measurer, MeasureResult
 from tuner.queue import Keys, events, streams
 
+__all__ = ["Behaviour", "FakeWorker", "make_inputs", "make_job", "ok_result"]
+
 Behaviour = Callable[[MeasureInput], "MeasureResult | str | None"]
-
-
-def ok_result(inp: MeasureInput) -> MeasureResult:
-    """A deterministic fake latency per trial."""
-    lat = 1e-4 * (1 + int(inp.trial_id[-4:], 16) % 97)
-    return MeasureResult(inp.trial_id, Invalidity.OK, (lat, lat * 1.01, lat * 0.99),
-                         worker="fake")
 
 
 class FakeWorker:
     """A thread consuming the measure stream. `behaviour(inp)` returns a MeasureResult to
     commit, "dead" to dead-letter the entry, "drop" to read it and never ack (a crash), or
-    None to commit `ok_result`."""
+    None to commit what `measurer` measures (default: `ok_result`).
+
+    With a `measurer`, each entry is prepared and measured like the worker agent does; a
+    WORKER_LOST result is neither committed nor acknowledged (the agent leaves it to another
+    worker)."""
 
     def __init__(self, redis_url: str, keys: Keys, store: Store, device_key: str = "dev", *,
-                 behaviour: Behaviour | None = None, delay_s: float = 0.0) -> None:
+                 behaviour: Behaviour | None = None, delay_s: float = 0.0,
+                 measurer: Measurer | None = None) -> None:
         self.r = streams.connect(redis_url)
         self.keys, self.store, self.device_key = keys, store, device_key
         self.behaviour = behaviour or (lambda inp: None)
         self.delay_s = delay_s
+        self.measurer = measurer
         self.stop = threading.Event()
         self.seen: list[str] = []
         self.thread = threading.Thread(target=self._run, daemon=True)
@@ -65,6 +68,12 @@ class FakeWorker:
             for entry in got:
                 self._handle(stream, group, entry)
 
+    def _measure(self, inp: MeasureInput) -> MeasureResult:
+        if self.measurer is None:
+            return ok_result(inp)
+        self.measurer.prepare([inp])
+        return self.measurer.measure_one(inp)
+
     def _handle(self, stream: str, group: str, entry: streams.Entry) -> None:
         inp = MeasureInput.from_json(entry.fields["input"])
         self.seen.append(inp.trial_id)
@@ -76,7 +85,9 @@ class FakeWorker:
         if out == "dead":
             streams.dead_letter(self.r, self.keys, self.device_key, entry, reason="poison")
             return
-        res = out if isinstance(out, MeasureResult) else ok_result(inp)
+        res = out if isinstance(out, MeasureResult) else self._measure(inp)
+        if res.invalidity is Invalidity.WORKER_LOST:
+            return
         self.store.add_records([NewRecord.from_measurement(inp, res)])
         job_id = (inp.context or {}).get("job_id")
         if job_id:

@@ -1,4 +1,4 @@
-"""SIGTERM/SIGINT as a stop request, for the long-running service processes (tuner, worker)."""
+"""SIGTERM/SIGINT as a stop request, for the long-running processes (the tuner service, workers)."""
 
 from __future__ import annotations
 

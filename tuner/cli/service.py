@@ -1,10 +1,10 @@
-"""`tunefarm` commands of the service: serve, tuner, worker, submit, up, token create.
-
-Registered on `tuner.cli.app` (imported at the end of `tuner/cli.py`).
-"""
+"""`tunefarm` commands of the service: serve, tuner, worker, submit, up, token. Plain
+functions; `tuner/cli/__init__.py` registers them on the app. This is where the processes are
+composed: the API app, the tuner service and the worker agent are imported only here."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -17,18 +17,18 @@ from typing import Annotated, Any
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from tuner.cli import (DbOpt, OpArg, ParamOpt, ScriptOpt, ShapeOpt, TargetOpt, _fail, _fmt_s,
-                       _store, _target, _workload, app, console, err)
+from tuner.cli import common
+from tuner.cli.common import DbOpt, TargetOpt, console, err, fail, fmt_s, open_store, target_arg
+from tuner.cli.tokens import token_file, up_tokens
 from tuner.config import Settings, get_settings
 from tuner.errors import TunefarmError
 
-token_app = typer.Typer(no_args_is_help=True, help="API bearer tokens.")
-app.add_typer(token_app, name="token")
-
-RedisOpt = Annotated[str | None, typer.Option("--redis", help="Redis URL (default: TUNEFARM_REDIS_URL).")]
-ApiOpt = Annotated[str | None, typer.Option("--api", help="API base URL (default: TUNEFARM_API_URL).")]
-TokenOpt = Annotated[str | None, typer.Option("--token", help="Bearer token (default: TUNEFARM_TOKEN, "
-                                                              "else the one `tunefarm up` saved).")]
+RedisOpt = Annotated[str | None, typer.Option(
+    "--redis", help="Redis URL (default: TUNEFARM_REDIS_URL).")]
+ApiOpt = Annotated[str | None, typer.Option(
+    "--api", help="API base URL (default: TUNEFARM_API_URL).")]
+TokenOpt = Annotated[str | None, typer.Option(
+    "--token", help="Bearer token (default: TUNEFARM_TOKEN, else the one `tunefarm up` saved).")]
 TERMINAL = ("SUCCEEDED", "FAILED", "CANCELLED")
 
 
@@ -44,10 +44,6 @@ def _log_setup() -> None:
 def _settings(db: str | None = None, redis: str | None = None) -> Settings:
     s = get_settings()
     return s.model_copy(update={k: v for k, v in (("database_url", db), ("redis_url", redis)) if v})
-
-
-def token_file() -> Path:
-    return get_settings().data_dir / "token"
 
 
 def _client_token(token: str | None) -> str:
@@ -73,27 +69,6 @@ def _check_redis(url: str) -> None:
         client.close()
 
 
-@token_app.command("create")
-def token_create(
-    scope: Annotated[str, typer.Option(help="user (jobs, best, spaces), worker (register, "
-                                            "heartbeat, results) or admin (everything).")] = "user",
-    name: Annotated[str, typer.Option(help="A label for the token.")] = "",
-    db: DbOpt = None,
-) -> None:
-    """Create an API token; it is printed once, alone on the last line."""
-    from tuner.db.tokens import create_token
-
-    try:
-        tok = create_token(_store(db), scope, name)
-    except TunefarmError as exc:
-        _fail(exc)
-        return
-    err.print(f"created a {scope} token{f' {name!r}' if name else ''}; store it now, it is not "
-              "shown again:")
-    sys.stdout.write(tok + "\n")
-
-
-@app.command()
 def serve(
     host: Annotated[str | None, typer.Option(help="Bind address (TUNEFARM_API_HOST).")] = None,
     port: Annotated[int | None, typer.Option(help="Port (TUNEFARM_API_PORT).")] = None,
@@ -104,14 +79,12 @@ def serve(
 
     s = _settings(db, redis)
     try:
-        _store(s.database_url)  # migrates the schema once, before the server starts
+        open_store(s.database_url)  # migrates the schema once, before the server starts
     except TunefarmError as exc:
-        _fail(exc)
-        return
+        fail(exc)
     serve_api(s, host=host, port=port)
 
 
-@app.command("tuner")
 def tuner_cmd(db: DbOpt = None, redis: RedisOpt = None) -> None:
     """Run search loops for queued jobs (several tuner processes may run)."""
     from tuner.service.runner import run_tuner
@@ -122,10 +95,9 @@ def tuner_cmd(db: DbOpt = None, redis: RedisOpt = None) -> None:
         _check_redis(s.redis_url)
         run_tuner(store_url=s.resolved_database_url(), redis_url=s.redis_url, prefix=s.redis_prefix)
     except TunefarmError as exc:
-        _fail(exc)
+        fail(exc)
 
 
-@app.command()
 def worker(
     device_key: Annotated[str, typer.Option(help="Board class this worker measures on.")] = "local",
     target: TargetOpt = "host",
@@ -134,25 +106,26 @@ def worker(
         help="HOST:PORT of a TVM RPC tracker: build here, run on its boards (RPC mode).")] = None,
     rpc_key: Annotated[str | None, typer.Option(
         help="Tracker key of the boards (default: the device key).")] = None,
-    concurrency: Annotated[int, typer.Option(min=1, help="Entries taken at once (built in "
-                                                         "parallel, run one at a time per board).")] = 1,
-    api: ApiOpt = None, token: TokenOpt = None, redis: RedisOpt = None,
+    concurrency: Annotated[int, typer.Option(
+        min=1, help="Entries taken at once (built in parallel, run one at a time per "
+                    "board).")] = 1,
+    api: ApiOpt = None, token: TokenOpt = None,
 ) -> None:
     """Measure candidates for a device key: on this machine (local mode), or on the boards of a
-    TVM RPC tracker (--rpc-tracker)."""
+    TVM RPC tracker (--rpc-tracker). The worker needs only the API (--api) and a worker token:
+    it takes its work, posts its results and heartbeats over HTTP (no Redis, no database)."""
     from workers.agent import run_worker
 
     _log_setup()
-    s = _settings(redis=redis)
+    s = get_settings()
     try:
         tracker = _host_port(rpc_tracker) if rpc_tracker else None
-        tgt = _target(target, runnable_here=tracker is None)
-        _check_redis(s.redis_url)
-        run_worker(api_url=api or s.api_url, token=_client_token(token), redis_url=s.redis_url,
+        tgt = target_arg(target, runnable_here=tracker is None)
+        run_worker(api_url=api or s.api_url, token=_client_token(token),
                    device_key=device_key, target=tgt, name=name, concurrency=concurrency,
                    rpc_tracker=tracker, rpc_key=rpc_key)
     except TunefarmError as exc:
-        _fail(exc)
+        fail(exc)
 
 
 def _host_port(text: str) -> tuple[str, int]:
@@ -166,16 +139,15 @@ def _host_port(text: str) -> tuple[str, int]:
 
 def _job_body(op: str, shape: str | None, param: list[str] | None, tvmscript: Path | None,
               target: str, **rest: Any) -> dict[str, Any]:
-    wl = _workload(op, shape, param, tvmscript)  # checked here; the server checks again
+    wl = common.workload_arg(op, shape, param, tvmscript)  # checked here; the server again
     tgt: Any = target if target.strip() == "host" else json.loads(target)
     return {"workload": wl.spec, "target": tgt, **{k: v for k, v in rest.items() if v is not None}}
 
 
-@app.command()
 def submit(
-    op: OpArg,
-    shape: ShapeOpt = None, param: ParamOpt = None, tvmscript: ScriptOpt = None,
-    target: TargetOpt = "host",
+    op: common.OpArg,
+    shape: common.ShapeOpt = None, param: common.ParamOpt = None,
+    tvmscript: common.ScriptOpt = None, target: TargetOpt = "host",
     trials: Annotated[int, typer.Option(min=1)] = 64,
     device_key: Annotated[str, typer.Option()] = "local",
     space: Annotated[str, typer.Option()] = "default",
@@ -193,11 +165,9 @@ def submit(
         client = Client(api or get_settings().api_url, _client_token(token))
         job = client.submit_job(body, idempotency_key=idempotency_key)
     except json.JSONDecodeError as exc:
-        _fail(TunefarmError(f"--target: not JSON ({exc})"))
-        return
+        fail(TunefarmError(f"--target: not JSON ({exc})"))
     except (TunefarmError, ApiError) as exc:
-        _fail(exc if isinstance(exc, TunefarmError) else TunefarmError(str(exc)))
-        return
+        fail(exc if isinstance(exc, TunefarmError) else TunefarmError(str(exc)))
     console.print(f"job [bold]{job['id']}[/] {job['state']}: {job['workload_key']} on "
                   f"{json.dumps(job['target'])} ({job['device_key']})", highlight=False)
     if not follow:
@@ -207,19 +177,20 @@ def submit(
     best = final.get("best") or {}
     gf = f"  {best['gflops']:.1f} GFLOPS" if best.get("gflops") else ""
     console.print(f"{final['state']}: {final['trials_done']}/{final['trials']} trials, best "
-                  f"{_fmt_s(best.get('latency_s'))}{gf}" +
+                  f"{fmt_s(best.get('latency_s'))}{gf}" +
                   (f"  error: {final['error']}" if final.get("error") else ""), highlight=False)
     raise typer.Exit(0 if final["state"] == "SUCCEEDED" else 1)
 
 
 def _follow(client: Any, job: dict[str, Any]) -> dict[str, Any]:
     columns = [TextColumn("[bold blue]{task.fields[state]}"), BarColumn(), MofNCompleteColumn(),
-               TextColumn("best {task.fields[best]}  {task.fields[gflops]} GFLOPS"), TimeElapsedColumn()]
+               TextColumn("best {task.fields[best]}  {task.fields[gflops]} GFLOPS"),
+               TimeElapsedColumn()]
     with Progress(*columns, console=console) as bar:
         task = bar.add_task("job", total=job["trials"], state=job["state"], best="-", gflops="-")
         for _id, kind, data in client.events(job["id"]):
             if kind == "progress":
-                bar.update(task, completed=data.get("done", 0), best=_fmt_s(data.get("best_s")),
+                bar.update(task, completed=data.get("done", 0), best=fmt_s(data.get("best_s")),
                            gflops=f"{data['best_gflops']:.1f}" if data.get("best_gflops") else "-")
             elif kind == "state":
                 bar.update(task, state=data.get("state", "?"))
@@ -228,7 +199,6 @@ def _follow(client: Any, job: dict[str, Any]) -> dict[str, Any]:
     return client.get_job(job["id"])
 
 
-@app.command()
 def up(
     host: Annotated[str, typer.Option(help="API bind address.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="API port.")] = 8000,
@@ -237,24 +207,27 @@ def up(
 ) -> None:
     """Start the API, one tuner and one local worker on this host (Ctrl-C stops all three)."""
     from api.client import wait_ready
-    from tuner.db.tokens import create_token
 
     s = _settings(db, redis)
     try:
         _check_redis(s.redis_url)
-        store = _store(s.resolved_database_url())
-        user_tok = create_token(store, "user", "tunefarm up")
-        worker_tok = create_token(store, "worker", "tunefarm up worker")
+        store = open_store(s.resolved_database_url())
+        toks, reused = up_tokens(store, token_file().parent, device_key)
     except TunefarmError as exc:
-        _fail(exc)
-        return
+        fail(exc)
+    user_tok, worker_tok = toks["user"], toks["worker"]
     api_url = f"http://{host}:{port}"
-    env = {**os.environ, "TUNEFARM_DATABASE_URL": s.resolved_database_url(),
-           "TUNEFARM_REDIS_URL": s.redis_url, "TUNEFARM_API_URL": api_url}
+    # the worker gets the API and its token only: no database or Redis credentials
+    env = {k: v for k, v in os.environ.items() if k not in (
+        "TUNEFARM_DATABASE_URL", "TUNEFARM_REDIS_URL", "TUNEFARM_TOKEN")}
+    env["TUNEFARM_API_URL"] = api_url
+    internal = {"TUNEFARM_DATABASE_URL": s.resolved_database_url(),
+                "TUNEFARM_REDIS_URL": s.redis_url}
     cli = [sys.executable, "-m", "tuner"]
-    specs = [("api", [*cli, "serve", "--host", host, "--port", str(port)], {}),
-             ("tuner", [*cli, "tuner"], {}),
-             ("worker", [*cli, "worker", "--device-key", device_key], {"TUNEFARM_TOKEN": worker_tok})]
+    specs = [("api", [*cli, "serve", "--host", host, "--port", str(port)], internal),
+             ("tuner", [*cli, "tuner"], internal),
+             ("worker", [*cli, "worker", "--device-key", device_key],
+              {"TUNEFARM_TOKEN": worker_tok})]
     procs: dict[str, subprocess.Popen[bytes]] = {}
     try:
         for name, cmd, extra in specs:  # the API first: the worker registers with it
@@ -263,12 +236,10 @@ def up(
                                                 alive=lambda: procs["api"].poll() is None):
                 err.print(f"[bold red]the API did not become ready at {api_url}; stopping[/]")
                 raise typer.Exit(1)
-        token_file().parent.mkdir(parents=True, exist_ok=True)
-        token_file().write_text(user_tok + "\n")
-        token_file().chmod(0o600)
         console.print(f"tunefarm is up: API {api_url} (docs {api_url}/v1/docs), 1 tuner, 1 worker "
                       f"({device_key}); database {store.safe_url}")
-        console.print(f"user token saved to {token_file()} (`tunefarm submit` uses it):")
+        console.print(f"user token {'reused from' if reused else 'saved to'} {token_file()} "
+                      "(`tunefarm submit` uses it):")
         sys.stdout.write(user_tok + "\n")
         sys.stdout.flush()
         _wait(procs)
@@ -297,15 +268,11 @@ def _stop(procs: dict[str, subprocess.Popen[bytes]]) -> None:
     API before the API goes), then SIGKILL what is left after 20 s."""
     for p in reversed(procs.values()):
         _signal_group(p, signal.SIGTERM)
-        try:
+        with contextlib.suppress(subprocess.TimeoutExpired):
             p.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            pass
         _signal_group(p, signal.SIGKILL)
 
 
 def _signal_group(p: subprocess.Popen[bytes], sig: int) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(p.pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass

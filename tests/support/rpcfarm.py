@@ -1,4 +1,5 @@
-"""Start and stop an RPC tracker and RPC servers on this machine (tests, `tunefarm` CLI, demos).
+"""A local RPC farm for tests: an RPC tracker and RPC servers started and stopped on this
+machine (like MetaSchedule's `testing/local_rpc.py`).
 
 Every process runs in its own session (`start_new_session=True`) and is stopped by killing its
 process group: TVM's `rpc_tracker`/`rpc_server` launchers do their work in a `popen_worker`
@@ -9,6 +10,7 @@ measurement asks for instead of TVM's default of half the cores.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -24,6 +26,7 @@ from typing import IO
 log = logging.getLogger(__name__)
 
 START_TIMEOUT_S = 60.0
+LOOPBACK_KEY = "loopback"  # the device key of the tests' boards
 
 
 @dataclass
@@ -46,14 +49,10 @@ class FarmProcess:
 
     def kill(self, sig: int = signal.SIGKILL) -> None:
         """Signal the whole process group (launcher and its popen_worker) and reap the leader."""
-        try:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.proc.pid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
-        try:
+        with contextlib.suppress(subprocess.TimeoutExpired):  # pragma: no cover
             self.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:  # pragma: no cover
-            pass
         if self._log is not None:
             self._log.close()
             self._log = None

@@ -1,0 +1,44 @@
+"""`tunefarm` command line, the one composition root: the only package that imports the API
+app, the tuner service and the worker agent together, and the one that starts them.
+
+- `common.py`: consoles, option types, argument parsing and error reporting the commands share;
+- `tune.py`: tune (the embedded search on this machine), best, records, spaces, db upgrade;
+- `service.py`: serve, tuner, worker, submit, up;
+- `tokens.py`: token create/list/revoke, and the tokens `up` keeps and reuses.
+
+The command modules define plain functions; this module registers every command, in the order
+`tunefarm --help` lists them. Nothing imports `tuner.cli` but the entry points (`tunefarm`,
+`python -m tuner`).
+"""
+
+from __future__ import annotations
+
+import typer
+
+from tuner.cli import service, tokens, tune
+
+app = typer.Typer(add_completion=False, no_args_is_help=True,
+                  help="tunefarm: autotuning of tensor programs on Apache TVM.")
+db_app = typer.Typer(no_args_is_help=True, help="Tuning database maintenance.")
+token_app = typer.Typer(no_args_is_help=True, help="API bearer tokens.")
+app.add_typer(db_app, name="db")
+app.add_typer(token_app, name="token")
+
+app.command()(tune.tune)
+app.command()(tune.best)
+app.command()(tune.records)
+app.command()(tune.spaces)
+db_app.command("upgrade")(tune.db_upgrade)
+
+token_app.command("create")(tokens.token_create)
+token_app.command("list")(tokens.token_list)
+token_app.command("revoke")(tokens.token_revoke)
+app.command()(service.serve)
+app.command("tuner")(service.tuner_cmd)
+app.command()(service.worker)
+app.command()(service.submit)
+app.command()(service.up)
+
+
+def main() -> None:
+    app()

@@ -1,0 +1,91 @@
+"""What the `tunefarm` commands share: the consoles, the option types, and the helpers that turn
+command-line arguments into a workload, a target and a store, and an error into exit code 2.
+
+Invariants: a command reports a `TunefarmError` through `fail` (one red line on stderr, exit 2,
+never a traceback); results go to stdout, everything else to stderr or the rich console.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Any, NoReturn
+
+import typer
+from rich.console import Console
+
+from tuner.config import get_settings
+from tuner.errors import TunefarmError
+
+console = Console()
+err = Console(stderr=True)
+
+DbOpt = Annotated[str | None, typer.Option(
+    "--db", help="Database URL (default: TUNEFARM_DATABASE_URL, else SQLite in the user data "
+                 "directory).")]
+OpArg = Annotated[str, typer.Argument(
+    help="matmul, dense, batch_matmul, conv2d, depthwise_conv2d, softmax, dense_int8, or tir")]
+ShapeOpt = Annotated[str | None, typer.Option(
+    "--shape", help="Op shape, e.g. 512,512,512 (M,N,K).")]
+ParamOpt = Annotated[list[str] | None, typer.Option(
+    "--param", "-p", help="Op parameter key=value (stride, padding, dilation, layout, dtype).")]
+TargetOpt = Annotated[str, typer.Option(
+    "--target", help='"host" (this CPU) or a JSON target dict.')]
+ScriptOpt = Annotated[Path | None, typer.Option("--tvmscript", help="TVMScript file (op 'tir').")]
+
+
+def open_store(db: str | None) -> Any:
+    """The tuning database at `db` (default: the settings' URL), migrated if needed."""
+    from tuner.db.store import Store
+
+    return Store(db or get_settings().resolved_database_url())
+
+
+def workload_arg(op: str, shape: str | None, params: list[str] | None,
+                 tvmscript: Path | None) -> Any:
+    """The workload the command line names (op, --shape, -p key=value, --tvmscript)."""
+    from tuner.errors import SpecError
+    from tuner.workloads import from_cli, parse_spec
+
+    if op == "tir":
+        if tvmscript is None:
+            raise SpecError("op 'tir' needs --tvmscript FILE", field="tvmscript")
+        return parse_spec({"op": "tir", "tvmscript": tvmscript.read_text()})
+    if shape is None:
+        raise SpecError(f"--shape is required for op {op!r}", field="shape")
+    kv: dict[str, str] = {}
+    for item in params or []:
+        if "=" not in item:
+            raise SpecError(f"expected key=value, got {item!r}", field="param")
+        k, v = item.split("=", 1)
+        kv[k.strip()] = v.strip()
+    return from_cli(op, shape, kv)
+
+
+def target_arg(spec: str, *, runnable_here: bool = False) -> dict[str, Any]:
+    """The target `--target` names, as a dict; `runnable_here`: refuse one this machine cannot
+    run (local tuning measures here)."""
+    from tuner import tvm_api as tv
+    from tuner.errors import TargetError
+
+    d = tv.target_to_dict(tv.make_target(spec))
+    if runnable_here:
+        host_triple = str(tv.tvm_ffi.get_global_func("target.llvm_get_system_triple")())
+        triple = d.get("mtriple", host_triple)
+        if d["kind"] != "llvm" or triple.split("-")[0] != host_triple.split("-")[0]:
+            raise TargetError(f"{json.dumps(d)} does not run on this machine ({host_triple}): "
+                              "local tuning measures here; use a worker on such a board",
+                              field="target")
+    return d
+
+
+def fail(exc: TunefarmError) -> NoReturn:
+    err.print(f"[bold red]error:[/] {exc}")
+    raise typer.Exit(2)
+
+
+def fmt_s(s: float | None) -> str:
+    """A latency for people: ms above a millisecond, else us."""
+    if s is None:
+        return "-"
+    return f"{s * 1e3:.3f} ms" if s >= 1e-3 else f"{s * 1e6:.1f} us"

@@ -1,0 +1,175 @@
+"""`tunefarm` commands of the embedded tuner: tune (on this machine), best, records, spaces,
+db upgrade. Plain functions; `tuner/cli/__init__.py` registers them on the app."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Annotated, Any
+
+import typer
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from tuner.cli.common import (
+    DbOpt,
+    OpArg,
+    ParamOpt,
+    ScriptOpt,
+    ShapeOpt,
+    TargetOpt,
+    console,
+    fail,
+    fmt_s,
+    open_store,
+    target_arg,
+    workload_arg,
+)
+from tuner.config import get_settings
+from tuner.errors import TunefarmError
+
+
+def tune(
+    op: OpArg,
+    shape: ShapeOpt = None, param: ParamOpt = None, tvmscript: ScriptOpt = None,
+    target: TargetOpt = "host",
+    trials: Annotated[int, typer.Option(min=1, help="Trial budget of the job.")] = 64,
+    device_key: Annotated[str, typer.Option(help="Board class measured on.")] = "local",
+    space: Annotated[str, typer.Option(
+        help="Search space: a template name, 'auto' (MetaSchedule's generated space) or "
+             "'default' (the best that applies).")] = "default",
+    batch_size: Annotated[int | None, typer.Option(min=1)] = None,
+    early_stop: Annotated[int | None, typer.Option(
+        min=1, help="Stop after N trials without a new best.")] = None,
+    seed: Annotated[int | None, typer.Option(
+        help="Search seed (default TUNEFARM_SEED, else 0).")] = None,
+    fresh: Annotated[bool, typer.Option(
+        help="Start a new job instead of resuming the last one.")] = False,
+    cache_flush: Annotated[bool | None, typer.Option(
+        help="Flush CPU caches before every timed run.")] = None,
+    db: DbOpt = None,
+) -> None:
+    """Tune a workload on this machine; resumes the same job if it was interrupted."""
+    from tuner import tvm_api as tv
+    from tuner.measure import MeasureOptions
+    from tuner.search import Tuner, TuneRequest
+    from workers.local import LocalMeasurer
+
+    s = get_settings()
+    try:
+        wl = workload_arg(op, shape, param, tvmscript)
+        tgt = target_arg(target, runnable_here=True)
+        opts = MeasureOptions.from_settings(s, tgt, cache_flush=cache_flush)
+        req = TuneRequest(workload=wl, target=tgt, trials=trials, device_key=device_key,
+                          space=space, batch_size=s.job_batch_size(batch_size),
+                          early_stop=early_stop, seed=s.job_seed(seed), fresh=fresh, options=opts)
+        store = open_store(db)
+    except TunefarmError as exc:
+        fail(exc)
+    console.print(f"[bold]{wl.description}[/]  key {wl.key}  on {json.dumps(tgt)}  "
+                  f"({tv.tvm_version()})")
+    columns = [TextColumn("[bold blue]tuning"), BarColumn(), MofNCompleteColumn(),
+               TextColumn("best {task.fields[best]}  {task.fields[gflops]} GFLOPS  "
+                          "{task.fields[last]}"),
+               TimeElapsedColumn()]
+    with Progress(*columns, console=console, transient=False) as bar, LocalMeasurer() as measurer:
+        task = bar.add_task("tune", total=trials, best="-", gflops="-", last="")
+
+        def on_progress(p: Any) -> None:
+            last = "" if p.last is None else str(p.last.invalidity)
+            bar.update(task, completed=p.done, best=fmt_s(p.best_s),
+                       gflops=f"{p.best_gflops:.1f}" if p.best_gflops else "-",
+                       last=p.message or last)
+
+        try:
+            summary = Tuner(store, measurer, on_progress=on_progress).run(req)
+        except TunefarmError as exc:
+            fail(exc)
+    table = Table(title="tuning summary", show_header=False)
+    for k, v in [("job", summary.job_id), ("workload", wl.key), ("stopped", summary.stop_reason),
+                 ("trials in job", f"{summary.trials_done}/{trials}"),
+                 ("measured now", str(summary.measured_now)),
+                 ("skipped (already measured)", str(summary.skipped_duplicates)),
+                 ("outcomes", ", ".join(f"{k}={v}" for k, v in sorted(summary.counts.items()))),
+                 ("best latency", fmt_s(summary.best_s)),
+                 ("best GFLOPS", f"{summary.best_gflops:.1f}" if summary.best_gflops else "-"),
+                 ("wall time", f"{summary.wall_s:.1f} s")]:
+        table.add_row(k, v)
+    console.print(table)
+
+
+def best(
+    op: Annotated[str, typer.Argument()], shape: ShapeOpt = None, param: ParamOpt = None,
+    tvmscript: ScriptOpt = None, target: TargetOpt = "host",
+    device_key: Annotated[str, typer.Option()] = "local",
+    as_json: Annotated[bool, typer.Option("--json", help="Print the record as JSON.")] = False,
+    db: DbOpt = None,
+) -> None:
+    """Print the best known schedule of a workload on a target."""
+    from tuner.records import best_record
+
+    try:
+        wl = workload_arg(op, shape, param, tvmscript)
+        rec = best_record(open_store(db), wl, target_arg(target), device_key)
+    except TunefarmError as exc:
+        fail(exc)
+    if as_json:
+        sys.stdout.write(json.dumps(rec, indent=2) + "\n")
+        return
+    cv = f"{rec['cv'] * 100:.1f}%" if rec["cv"] is not None else "-"
+    console.print(f"[bold]{wl.description}[/] on {json.dumps(rec['target'])} ({rec['device_key']})",
+                  highlight=False)
+    gf = f"{rec['gflops']:.1f} GFLOPS" if rec["gflops"] else "- GFLOPS"
+    console.print(f"best: {fmt_s(rec['latency_s'])}  {gf}  "
+                  f"(cv {cv}, trial {rec['trial_id']}, space {rec['space']})", highlight=False)
+    console.print(rec["schedule_python"], markup=False, highlight=False, soft_wrap=True)
+
+
+def records(
+    op: Annotated[str | None, typer.Argument()] = None, shape: ShapeOpt = None,
+    param: ParamOpt = None, tvmscript: ScriptOpt = None,
+    limit: Annotated[int, typer.Option(min=1)] = 20,
+    as_json: Annotated[bool, typer.Option("--json")] = False, db: DbOpt = None,
+) -> None:
+    """List tuning records, newest first (all workloads, or one)."""
+    from tuner.records import list_records
+
+    try:
+        wl = workload_arg(op, shape, param, tvmscript) if op else None
+        rows = list_records(open_store(db), wl, limit=limit)
+    except TunefarmError as exc:
+        fail(exc)
+    if as_json:
+        sys.stdout.write(json.dumps(rows, indent=2) + "\n")
+        return
+    table = Table("trial", "workload", "invalidity", "median", "GFLOPS", "worker", "measured")
+    for r in rows:
+        table.add_row(r["trial_id"][:12], r["workload"], r["invalidity"], fmt_s(r["latency_s"]),
+                      f"{r['gflops']:.1f}" if r["gflops"] else "-", r["worker"] or "-",
+                      r["measured_at"][:19])
+    console.print(table)
+
+
+def spaces(
+    op: Annotated[str | None, typer.Argument(help="Only the spaces that serve this op.")] = None,
+) -> None:
+    """Describe the search spaces (templates and their knobs, and 'auto') as JSON."""
+    from schedules import registry
+
+    if op is None:
+        out = [registry.describe(n) for n in registry.space_names() if n != "default"]
+    else:
+        out = registry.describe_op(op)
+    sys.stdout.write(json.dumps(out, indent=2) + "\n")
+
+
+def db_upgrade(db: DbOpt = None) -> None:
+    """Create or migrate the tuning database schema to the newest revision."""
+    from tuner.db.store import Store
+
+    try:
+        store = Store(db or get_settings().resolved_database_url(), auto_upgrade=False)
+        store.upgrade()
+        console.print(f"database at revision {store.current_revision()}")
+    except TunefarmError as exc:
+        fail(exc)

@@ -1,0 +1,204 @@
+"""Issued trials: what the tuner handed to the farm, and the one result the API accepts for each.
+
+    issue(store, inputs, device_key, ttl_s)   one `issued_trials` row per MeasureInput (its
+                                               job, workload, target and candidate hash from the
+                                               input's context), valid for ttl_s; issuing a trial
+                                               again only extends its expiry
+    commit_result(store, record, device_key)  the record of a worker's result, inserted only if
+                                               it matches its issued, unexpired trial (the input
+                                               as issued: `NewRecord.input_digest`) and the
+                                               worker's device key, and only once: checked, used
+                                               (`used_at`) and inserted in one transaction
+
+A worker that could not measure a trial (worker_lost: its board or sandbox failed) records the
+failed attempt under its own id, `<trial_id[:20]>-lost-<hex>`: accepted for an issued, unexpired
+trial of the worker's device key (same job, workload, target, candidate), at most
+MAX_LOST_ATTEMPTS per trial, without using the trial (its real result still comes).
+
+A rejected result raises `TrialRejected` (its `code` is an API problem code, `field` names what
+differs) and writes nothing. Posting the same result again for a used trial is an idempotent
+retry: `commit_result` answers False (nothing new written); a different result is `trial_used`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import func, select
+
+from ..errors import Conflict
+from ..measure import Invalidity, MeasureInput, MeasureResult
+from . import models as m
+from .models import utcnow
+from .rows import NewRecord
+from .store import Store
+
+# (issued column, the record's attribute, the posted field it comes from)
+_BOUND = (("job_id", "job_id", "input.context.job_id"),
+          ("workload_id", "workload_id", "input.context.workload_id"),
+          ("target_id", "target_id", "input.context.target_id"),
+          ("cand_hash", "cand_hash", "input.context.cand_hash"))
+
+
+MAX_LOST_ATTEMPTS = 16  # worker_lost attempts recorded per issued trial
+_LOST_ID = re.compile(r"(?P<base>.{1,20})-lost-[0-9a-f]{1,32}", re.DOTALL)
+
+
+class TrialRejected(Conflict):
+    """A result the issued trial does not allow: `code` is `unknown_trial` (never issued, or
+    expired), `trial_mismatch` (job, workload, target, candidate or device key differ: `field`
+    names it) or `trial_used` (the trial already has a different result)."""
+
+    def __init__(self, code: str, message: str, *, field: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.field = field
+        self.detail = message
+
+
+def _binding(inp: MeasureInput) -> dict[str, Any]:
+    """The bound columns of an input (ValueError when its context cannot bind it)."""
+    ctx = inp.context or {}
+    try:
+        out = {"trial_id": str(inp.trial_id), "job_id": str(ctx["job_id"]),
+               "workload_id": int(ctx["workload_id"]), "target_id": int(ctx["target_id"]),
+               "cand_hash": str(ctx["cand_hash"])}
+        # what the record will take from the input, as the tuner issued it
+        unmeasured = MeasureResult(inp.trial_id, Invalidity.WORKER_LOST)
+        out["input_sha256"] = NewRecord.from_measurement(inp, unmeasured).input_digest()
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ValueError(f"trial {inp.trial_id} cannot be issued: its context lacks job_id, "
+                         f"workload_id, target_id or cand_hash ({exc})") from exc
+    if ctx["job_id"] is None:
+        raise ValueError(f"trial {inp.trial_id} cannot be issued: it belongs to no job")
+    return out
+
+
+def _insert(store: Store) -> Any:
+    if store.dialect == "postgresql":
+        from sqlalchemy.dialects.postgresql import insert as pg_insert
+
+        return pg_insert(m.IssuedTrial)
+    from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+
+    return sqlite_insert(m.IssuedTrial)
+
+
+def issue(store: Store, inputs: Iterable[MeasureInput], device_key: str, ttl_s: float) -> int:
+    """Record that `inputs` were handed to the workers of `device_key`: each accepts one result
+    until `ttl_s` from now. Idempotent: a trial issued before keeps its binding and gets the new
+    expiry (a re-enqueued or retried trial). Returns how many inputs were issued."""
+    now = utcnow()
+    expires = now + timedelta(seconds=float(ttl_s))
+    rows: dict[str, dict[str, Any]] = {}
+    for inp in inputs:
+        row = _binding(inp)
+        rows.setdefault(row["trial_id"], {**row, "device_key": device_key, "issued_at": now,
+                                          "expires_at": expires})
+    if not rows:
+        return 0
+    values = list(rows.values())
+    with store.session() as s:
+        for i in range(0, len(values), 500):
+            stmt = _insert(store).values(values[i:i + 500])
+            s.execute(stmt.on_conflict_do_update(
+                index_elements=["trial_id"], set_={"expires_at": stmt.excluded.expires_at}))
+    return len(values)
+
+
+def issued(store: Store, trial_id: str) -> m.IssuedTrial | None:
+    """The issued row of a trial (detached), or None."""
+    with store.session() as s:
+        return s.get(m.IssuedTrial, trial_id)
+
+
+def _same(row: m.Record, rec: NewRecord) -> bool:
+    """Is `rec` the result already stored (a retry of the same post)?"""
+    return (row.invalidity == Invalidity(rec.invalidity).value
+            and json.loads(row.latencies_json) == [float(x) for x in rec.latencies]
+            and row.error_msg == rec.error_msg and row.trace_json == rec.trace_json
+            and row.cand_hash == rec.cand_hash and row.job_id == rec.job_id)
+
+
+def _check(trial: m.IssuedTrial, rec: NewRecord, device_key: str) -> None:
+    for column, attr, field in _BOUND:
+        want, got = getattr(trial, column), getattr(rec, attr)
+        if want != got:
+            raise TrialRejected("trial_mismatch", f"trial {rec.trial_id} was issued with "
+                                f"{column} {want!r}, the result names {got!r}", field=field)
+    if trial.device_key != device_key:
+        raise TrialRejected("trial_mismatch", f"trial {rec.trial_id} was issued to device key "
+                            f"{trial.device_key!r}, not to this worker's {device_key!r}",
+                            field="device_key")
+    if trial.input_sha256 != rec.input_digest():
+        raise TrialRejected("trial_mismatch", f"the input posted for trial {rec.trial_id} is not "
+                            "the one issued (its trace, decisions, features, space or TVM "
+                            "version differ)", field="input")
+
+
+def commit_result(store: Store, rec: NewRecord, device_key: str, *,
+                  now: datetime | None = None) -> bool:
+    """Insert the record of a worker's result if its trial was issued to `device_key`, is
+    unexpired, unused, and matches (job, workload, target, candidate); stamps the trial used in
+    the same transaction. True: inserted; False: this very result was stored before (a retry).
+    Raises `TrialRejected` (nothing written) otherwise."""
+    now = now or utcnow()
+    with store.session() as s:
+        trial = s.get(m.IssuedTrial, rec.trial_id, with_for_update=True)
+        lost = _LOST_ID.fullmatch(rec.trial_id)
+        if trial is None and lost and Invalidity(rec.invalidity) is Invalidity.WORKER_LOST:
+            return _lost_attempt(s, rec, lost["base"], device_key, now)
+        if trial is None:
+            raise TrialRejected("unknown_trial", f"trial {rec.trial_id!r} was never issued",
+                                field="input.trial_id")
+        _check(trial, rec, device_key)
+        stored = s.scalar(select(m.Record).where(m.Record.trial_id == rec.trial_id))
+        if stored is not None or trial.used_at is not None:
+            if stored is not None and _same(stored, rec):
+                trial.used_at = trial.used_at or now
+                return False
+            raise TrialRejected("trial_used", f"trial {rec.trial_id} already has a different "
+                                "result", field="result")
+        if trial.expires_at <= now:
+            raise TrialRejected("unknown_trial", f"trial {rec.trial_id} expired at "
+                                f"{trial.expires_at.isoformat()}", field="input.trial_id")
+        s.add(m.Record(**rec.columns(now)))
+        trial.used_at = now
+        s.flush()
+        return True
+
+
+def _lost_attempt(s: Any, rec: NewRecord, base: str, device_key: str, now: datetime) -> bool:
+    """Insert the worker_lost record of a failed attempt at the issued trial whose id starts
+    with `base` (of `rec`'s job and candidate); the trial itself stays unused."""
+    same = m.IssuedTrial.trial_id.startswith(base, autoescape=True) if len(base) == 20 else (
+        m.IssuedTrial.trial_id == base)
+    trial = s.scalar(select(m.IssuedTrial).where(
+        same, m.IssuedTrial.job_id == rec.job_id, m.IssuedTrial.cand_hash == rec.cand_hash)
+        .limit(1))
+    if trial is None:
+        raise TrialRejected("unknown_trial", f"{rec.trial_id!r} is an attempt at no issued "
+                            "trial", field="input.trial_id")
+    _check(trial, rec, device_key)
+    if trial.expires_at <= now:
+        raise TrialRejected("unknown_trial", f"trial {trial.trial_id} expired at "
+                            f"{trial.expires_at.isoformat()}", field="input.trial_id")
+    stored = s.scalar(select(m.Record).where(m.Record.trial_id == rec.trial_id))
+    if stored is not None:
+        if _same(stored, rec):
+            return False
+        raise TrialRejected("trial_used", f"attempt {rec.trial_id} already has a different "
+                            "result", field="result")
+    attempts = s.scalar(select(func.count()).select_from(m.Record).where(
+        m.Record.trial_id.startswith(f"{base}-lost-", autoescape=True),
+        m.Record.job_id == rec.job_id)) or 0
+    if attempts >= MAX_LOST_ATTEMPTS:
+        raise TrialRejected("trial_used", f"trial {trial.trial_id} already has {attempts} "
+                            "failed attempts recorded", field="input.trial_id")
+    s.add(m.Record(**rec.columns(now)))
+    s.flush()
+    return True
