@@ -18,6 +18,7 @@ from tests.e2e.farm import TARGET, Farm
 from tests.kernels import CRASH, HANG
 from tuner.db import Store
 from tuner.measure import Invalidity
+from tuner.queue.keys import Keys
 
 pytestmark = pytest.mark.slow
 SPEC = {"op": "matmul", "shape": [64, 64, 64]}
@@ -78,12 +79,33 @@ def test_sigkill_worker_mid_measurement(farm: Farm, pg_url: str) -> None:
     farm.start_worker("w1")
     job_id = _submit(farm, trials=12)
     _wait(lambda: len(_records(pg_url, job_id)) >= 2, 180, farm, "the first records")
+    # kill w1 while it holds an entry delivered < 150 ms ago: building and timing it (>= 300 ms)
+    # cannot be over, so the entry stays pending under the dead consumer
+    r = redis.Redis.from_url(farm.redis_url)
+    stream = Keys("e2e:").measure("e2e")
+    try:
+        _wait(lambda: _freshly_held(r, stream), 120, farm, "w1 to lease a measurement")
+        farm.kill("w1")  # SIGKILL the group: its sandbox dies too, its entries stay pending
+        held = {str(p["message_id"]) for p in _pending(r, stream)}
+    finally:
+        r.close()
+    assert held, "w1 died holding nothing: the test did not kill it mid-measurement"
     farm.start_worker("w2")
-    farm.kill("w1")  # SIGKILL the group: its sandbox dies too, its entries stay pending
     final = _finished(farm, job_id)
     assert final["state"] == "SUCCEEDED", final
     _no_lost_no_duplicate(_records(pg_url, job_id), 12)
     assert "reclaimed entry" in farm.log("w2"), farm.logs()  # w1's leased work was redelivered
+
+
+def _pending(r: redis.Redis, stream: str) -> list[Any]:
+    return list(r.xpending_range(stream, Keys.WORKERS_GROUP, min="-", max="+", count=100))
+
+
+def _freshly_held(r: redis.Redis, stream: str) -> bool:
+    try:
+        return any(p["time_since_delivered"] < 150 for p in _pending(r, stream))
+    except redis.ResponseError:  # no group yet: nothing was leased
+        return False
 
 
 def test_sigkill_tuner_then_a_new_one_resumes(farm: Farm, pg_url: str) -> None:
