@@ -20,6 +20,7 @@ from tuner.tvm_api import (
     te,
     tvm,
 )
+from tuner.workloads.identity import identity_hash
 
 ZNVER5 = {"kind": "llvm", "mcpu": "znver5", "num-cores": 2}
 SKYLAKE = {"kind": "llvm", "mcpu": "skylake-avx512", "num-cores": 2}
@@ -77,7 +78,8 @@ def test_compile_tir_returns_the_committed_schedule_for_its_target_only(
         assert row.latencies == pytest.approx([2e-5, 1e-5, 3e-5]) and row.cv is not None
         assert row.cand_hash == shash_hex(sch.mod) and row.space == "metaschedule"
         wl_row = store.get_workload(row.workload_id)
-        assert wl_row is not None and wl_row.key == f"tir-{shash_hex(mod)}" and wl_row.op == "tir"
+        assert wl_row is not None and wl_row.op == "tir"
+        assert wl_row.key == f"tir-{identity_hash(mod)}"
         assert wl_row.flops == 2 * 64**3
         tgt = store.get_target(row.target_id)
         assert tgt is not None and tgt.target_json == canonical_target_json(znver5)

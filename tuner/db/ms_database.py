@@ -5,9 +5,13 @@ It lets `ms.tir_integration.compile_tir(db, mod, target)`, `ms.tune_tir(..., dat
 built-in databases it answers queries per target: MetaSchedule's default `query_tuning_record`
 returns the best record of the workload for whatever target it was measured on.
 
-Workloads are matched by structural hash, then `structural_equal` against the stored IRModule
-(`workloads.mod_json`), so modules committed by other tunefarm components are found too. Arbitrary
-modules are stored under the key `tir-<shash>` with op "tir".
+Records are committed under, and `get_top_k` reads them for, the stored IRModule structurally
+equal to the workload's (`workloads.mod_json`; rows found by the `shash` column): a trace replays
+onto the module it was recorded on. Queries (`has_workload`, `query_tuning_record`, hence
+`query_schedule` and relax's `MetaScheduleApplyDatabase`) match by computation instead: any stored
+module with the same normal form (`tuner.workloads.identity`), so relax's int64 legalization of
+`R.matmul` finds the records of `tunefarm tune matmul`. Arbitrary modules are stored under the key
+`tir-<identity hash>` (`-<n>` for another spelling of the same computation) with op "tir".
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from typing import Any
 
 from ..measure import Invalidity, MeasureResult
 from ..tvm_api import (
+    apply_trace,
     canonical_target_json,
     derived_object,
     load_json,
@@ -31,12 +36,14 @@ from ..tvm_api import (
     tvm_version,
 )
 from ..workloads import canonical_json
+from ..workloads.identity import identity_hash, normal_form
 from .catalog import register_workload
 from .engine import target_key
 from .rows import NewRecord, RecordRow, TargetRef
 from .store import Store
 
 FAILED_RUN_S = 1e9  # MetaSchedule reports failed runs as run_secs=[1e10]
+QUERY_DEPTH = 5  # records per stored spelling tried when a trace must replay onto another
 MS_SPACE = "metaschedule"
 
 __all__ = ["FAILED_RUN_S", "MS_SPACE", "TunefarmDatabase", "shash_hex"]
@@ -101,6 +108,7 @@ class TunefarmDatabase(ms.database.PyDatabase):
         self.device_key = device_key
         self._workloads: dict[int, Any] = {}  # workload id -> ms Workload (stable identity)
         self._by_shash: dict[str, list[int]] = {}  # shash -> ids whose Workload is cached
+        self._normal: dict[int, Any] = {}  # workload id -> the normal form of its module
         self._targets: dict[int, dict[str, Any]] = {}  # target id -> target JSON dict
         self.target_id: int | None = None
         if target is not None:
@@ -118,21 +126,36 @@ class TunefarmDatabase(ms.database.PyDatabase):
             self._workloads[workload_id] = ms.database.Workload(load_json(mod_json))
         return self._workloads[workload_id]
 
+    def _candidates(self, h: str) -> list[int]:
+        """Ids of the stored workloads whose `shash` column is `h` (their Workloads cached)."""
+        if h not in self._by_shash:
+            rows = [r for r in self.store.workload_by_shash(h) if r.mod_json]
+            for row in rows:
+                self._workload(row.id, row.mod_json)
+            self._by_shash[h] = [r.id for r in rows]
+        return self._by_shash[h]
+
     def _find(self, mod: Any) -> tuple[int | None, Any]:
-        """(workload id, Workload) of a structurally equal stored module, or (None, None)."""
-        shash = shash_hex(mod)
-        for wid in self._by_shash.get(shash, []):
-            if structural_equal(self._workloads[wid].mod, mod):
-                return wid, self._workloads[wid]
-        cached = self._by_shash.setdefault(shash, [])
-        for row in self.store.workload_by_shash(shash):
-            if row.id in cached or not row.mod_json:
-                continue
-            wl = self._workload(row.id, row.mod_json)
-            cached.append(row.id)
-            if structural_equal(wl.mod, mod):
-                return row.id, wl
+        """(workload id, Workload) of a structurally equal stored module, or (None, None): what
+        records are committed under and read back for (their traces replay onto that module)."""
+        for h in dict.fromkeys((identity_hash(mod), shash_hex(mod))):  # new rows, then old ones
+            for wid in self._candidates(h):
+                if structural_equal(self._workloads[wid].mod, mod):
+                    return wid, self._workloads[wid]
         return None, None
+
+    def _same(self, mod: Any) -> list[tuple[int, Any]]:
+        """Every stored workload computing what `mod` computes, however spelled
+        (`workloads.identity`): relax's int64 legalization of an op spec finds the op spec."""
+        norm = normal_form(mod)
+        out: list[tuple[int, Any]] = []
+        for h in dict.fromkeys((shash_hex(norm), shash_hex(mod))):
+            for wid in self._candidates(h):
+                if wid not in self._normal:
+                    self._normal[wid] = normal_form(self._workloads[wid].mod)
+                if all(w != wid for w, _ in out) and structural_equal(self._normal[wid], norm):
+                    out.append((wid, self._workloads[wid]))
+        return out
 
     def _ensure_target(self, target: Any) -> TargetRef:
         return self.store.ensure_target(canonical_target_json(target), self.device_key)
@@ -163,21 +186,21 @@ class TunefarmDatabase(ms.database.PyDatabase):
     # --- the PyDatabase interface ----------------------------------------------------------
 
     def has_workload(self, mod: Any) -> bool:
-        return self._find(mod)[0] is not None
+        """Whether records of `mod`'s computation may exist (in any spelling of it)."""
+        return bool(self._same(mod))
 
     def commit_workload(self, mod: Any) -> Any:
         wid, wl = self._find(mod)
         if wl is not None:
             return wl
-        shash = shash_hex(mod)
+        shash = identity_hash(mod)
         taken = {row.key for row in self.store.workload_by_shash(shash)}
         key, n = f"tir-{shash}", 0
-        while key in taken:  # a structurally different module with the same hash
+        while key in taken:  # another spelling of the computation, or a hash collision
             n += 1
             key = f"tir-{shash}-{n}"
         wid = register_workload(self.store, _BareModule(key, mod, shash, _estimate_flops(mod)))
-        self._by_shash.setdefault(shash, [])
-        self._by_shash[shash].append(wid)
+        self._by_shash.pop(shash, None)  # listed again on next use
         return self._workload(wid)
 
     def commit_tuning_record(self, record: Any) -> None:
@@ -223,12 +246,32 @@ class TunefarmDatabase(ms.database.PyDatabase):
         return self.store.count_records(target_id=self.target_id)
 
     def query_tuning_record(self, mod: Any, target: Any, workload_name: str | None = None) -> Any:
-        """The best valid record of `mod` measured on THIS target (and device), or None."""
+        """The best valid record of `mod`'s computation measured on THIS target (and device),
+        or None. A record stored for another spelling of the computation (the op spec's int32
+        for relax's int64) is returned as a record of `mod` itself, and only if its trace
+        replays onto `mod`: relax's `MetaScheduleApplyDatabase` replays it onto its own function,
+        `query_schedule` onto the record's workload; both then get the same program."""
         tid = self._target_id(target)
         if tid is None:
             return None
-        wid, wl = self._find(mod)
-        if wid is None:
-            return None
-        best = self.store.best(wid, tid, 1)
-        return self._to_tuning_record(best[0], wl) if best else None
+        found: list[tuple[RecordRow, Any, bool]] = []
+        for wid, wl in self._same(mod):
+            exact = structural_equal(wl.mod, mod)
+            found += [(r, wl, exact) for r in self.store.best(wid, tid, QUERY_DEPTH)]
+        found.sort(key=lambda f: f[0].median_s or 0.0)
+        for row, wl, exact in found:
+            if exact:
+                return self._to_tuning_record(row, wl)
+            if _replays(mod, row.trace_json):
+                return self._to_tuning_record(row, ms.database.Workload(mod))
+        return None
+
+
+def _replays(mod: Any, trace_json: str) -> bool:
+    """Whether a stored trace replays onto `mod` (a trace naming blocks by the names of another
+    spelling does not; one naming a tensor intrinsic this process has not registered neither)."""
+    try:
+        apply_trace(mod, trace_json)
+    except Exception:  # a ScheduleError, a missing block or intrinsic: another record may do
+        return False
+    return True

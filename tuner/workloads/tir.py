@@ -1,9 +1,10 @@
 """The `tir` op: an arbitrary PrimFunc submitted as (vetted) TVMScript text.
 
 Spec: `{"op": "tir", "tvmscript": "<text>", "num_outputs": 1}`; the last `num_outputs` params
-are outputs. The key is `tir-<structural hash of {"main": func}>` after the function's
-global_symbol is set to "main" (the user's function and buffer names do not change it; attrs,
-shapes, dtypes and the body do).
+are outputs. The key is `tir-<identity hash>` (`identity.py`: the structural hash of the
+function's normal form, so the user's names, the global symbol, int64 vs int32 indices and
+`layout_free_buffers` do not change it; shapes, dtypes and the body do). The function is kept with
+int32 indices where that is exact (`identity.narrow_index`): what is tuned, stored and replayed.
 
 Besides the vetting in `tvmscript.py` (and the parse in a child process), the parsed function
 must: have only buffer params with constant shapes and supported dtypes, use only for-loops with
@@ -191,7 +192,8 @@ def _flops(mod: Any, iterations: int) -> int:
 
 
 def parse_tir(spec: dict[str, Any]) -> ParsedTir:
-    from ..tvm_api import shash_hex, tvm
+    from ..tvm_api import tvm
+    from .identity import identity_hash, narrow_index
 
     unknown = sorted(set(spec) - {"op", "tvmscript", "num_outputs"})
     if unknown:
@@ -227,12 +229,15 @@ def parse_tir(spec: dict[str, Any]) -> ParsedTir:
         msg = next((ln.split("Error message:", 1)[1].strip() for ln in str(exc).splitlines()
                     if "Error message:" in ln), "a buffer access may be out of bounds")
         raise SpecError(f"out-of-bounds check failed: {msg}"[:300], field=FIELD) from None
+    # relax spells indices int64; the tuned (and stored) form is int32 where that is exact
+    func = narrow_index(func)
+    mod = tvm.IRModule({"main": func})
     flops = _flops(mod, iterations)
     if flops > limits.max_ops:
         raise SpecError(f"{flops:.3g} operations exceed the limit {limits.max_ops:.3g}",
                         field=FIELD)
     canon = {"op": "tir", "tvmscript": spec["tvmscript"], "num_outputs": nout}
-    key = f"tir-{shash_hex(mod)}"
+    key = f"tir-{identity_hash(mod)}"
     return ParsedTir(canon, func, key, args, flops, _description(spec["tvmscript"], args, nout),
                      _tolerance(args[-nout:], flops))
 

@@ -66,11 +66,12 @@ class Workload:
         return self._cache["mod"]
 
     def shash(self) -> str:
-        """16 hex digits: the structural hash of `mod()` (what MetaSchedule keys on)."""
+        """16 hex digits: the identity hash of `mod()` (`identity.identity_hash`: the structural
+        hash of its normal form, the same for relax's int64 spelling of the computation)."""
         if "shash" not in self._cache:
-            from ..tvm_api import shash_hex
+            from .identity import identity_hash
 
-            self._cache["shash"] = shash_hex(self.mod())
+            self._cache["shash"] = identity_hash(self.mod())
         return self._cache["shash"]
 
     # --- data ----------------------------------------------------------------------------------
