@@ -50,9 +50,14 @@ def numpy_impl(wl: Any, inputs: list[np.ndarray]) -> Factory:
     return None, f"no numpy implementation of {op} ({spec.get('op')})"
 
 
-def torch_impl(wl: Any, inputs: list[np.ndarray], torch: Any) -> Factory:
+def torch_impl(wl: Any, inputs: list[np.ndarray], torch: Any,
+               model: dict[str, Any] | None = None) -> Factory:
     import torch.nn.functional as F
 
+    if model is not None:  # a relax task of the fused suite: the model's op sequence
+        from .fused import torch_fn
+
+        return torch_fn(model, inputs, torch)
     op, spec = wl.op, wl.spec
     t = [torch.from_numpy(np.ascontiguousarray(a)) for a in inputs]
     if op == "matmul":

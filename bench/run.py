@@ -153,7 +153,9 @@ def bench_one(entry: dict[str, Any], target: dict[str, Any], out: Path, torch: A
             extra[name] = info
         else:
             status[name] = info
-    for name, make in (("pytorch", (lambda w, x: torch_impl(w, x, torch)) if torch else None),
+    model = entry.get("model")
+    for name, make in (("pytorch", (lambda w, x: torch_impl(w, x, torch, model)) if torch
+                        else None),
                        ("numpy", numpy_impl)):
         if make is None:
             status[name] = {"status": "unavailable",

@@ -1,4 +1,5 @@
-"""Benchmark suites: named lists of workloads (`public`, `tiny`) or a JSON file of the same shape.
+"""Benchmark suites: named lists of workloads (`public`, `tiny`, `fused`: bench/fused.py) or a JSON
+file of the same shape.
 
 A suite entry: {"id": "P1", "title": "matmul 1024³", "spec": {...tuner.workloads spec...},
 "peak": "fp32" | "int8" | null}. `peak` names the compute peak the workload is compared with;
@@ -48,13 +49,19 @@ TINY: list[dict[str, Any]] = [
      "spec": {"op": "depthwise_conv2d", "shape": [1, 4, 16, 16, 3, 3], "padding": 1}},
 ]
 
-SUITES = {"public": PUBLIC, "tiny": TINY}
+def _fused() -> list[dict[str, Any]]:
+    from .fused import FUSED, spec_of  # builds the relax models: TVM
+
+    return [{**e, "spec": spec_of(e["model"])} for e in FUSED]
+
+
+SUITES: dict[str, Any] = {"public": PUBLIC, "tiny": TINY, "fused": _fused}
 
 
 def load_suite(name: str) -> list[dict[str, Any]]:
     """A built-in suite by name, or a JSON file: a list of entries or {"workloads": [...]}."""
     if name in SUITES:
-        entries = SUITES[name]
+        entries = SUITES[name]() if callable(SUITES[name]) else SUITES[name]
     else:
         path = Path(name)
         if not path.is_file():
@@ -66,7 +73,8 @@ def load_suite(name: str) -> list[dict[str, Any]]:
         if "spec" not in e:
             raise SystemExit(f"suite entry {i} has no 'spec': {e}")
         out.append({"id": str(e.get("id", f"W{i + 1}")), "title": e.get("title"),
-                    "peak": e.get("peak", "fp32"), "spec": dict(e["spec"])})
+                    "peak": e.get("peak", "fp32"), "spec": dict(e["spec"]),
+                    **({"model": e["model"]} if "model" in e else {})})
     ids = [e["id"] for e in out]
     if len(set(ids)) != len(ids):
         raise SystemExit(f"duplicate workload ids in suite {name!r}: {ids}")

@@ -65,14 +65,27 @@ def vector_lanes(target: Any, dtype_bits: int = 32) -> int:
     return width // dtype_bits
 
 
+def fold_epilogue(sch: Any, blocks: list[Any]) -> Any | None:
+    """Elementwise blocks after a compute block folded into one: each but the last inlined into
+    its consumers. The last (or None without any) is for `finish_register_tile`."""
+    for b in blocks[:-1]:
+        sch.compute_inline(b)
+    return blocks[-1] if blocks else None
+
+
 def finish_register_tile(sch: Any, blk: Any, *, parallel: list[Any], acc_at: Any,
-                         unrolled: list[Any], vector: Any | None, k0: Any, lanes: int) -> None:
+                         unrolled: list[Any], vector: Any | None, k0: Any, lanes: int,
+                         epilogue: Any | None = None) -> None:
     """The register-blocked micro-kernel's epilogue shared by the GEMM-like templates: a local
-    accumulator written back at `acc_at`, the outer tiles fused and parallel, the micro-kernel
-    unrolled (and vectorized), then the reduction split into init + update with both the init and
-    the write-back vectorized (vectorize/parallel must precede decompose_reduction)."""
+    accumulator written back at `acc_at` (through the elementwise `epilogue` block, inlined into
+    the write-back: bias, activation, ... cost no pass over memory), the outer tiles fused and
+    parallel, the micro-kernel unrolled (and vectorized), then the reduction split into init +
+    update with both the init and the write-back vectorized (vectorize/parallel must precede
+    decompose_reduction)."""
     acc = sch.cache_write(blk, 0, "local")
     sch.reverse_compute_at(acc, acc_at, preserve_unit_loops=True)
+    if epilogue is not None:
+        sch.reverse_compute_inline(epilogue)
     sch.parallel(sch.fuse(*parallel))
     for loop in unrolled:
         sch.unroll(loop)
@@ -107,6 +120,14 @@ class Template(ABC):
 
     def applies(self, workload: Workload, target: Any) -> bool:
         return workload.op in self.ops and is_x86(target)
+
+    def why_not(self, workload: Workload, target: Any) -> str | None:
+        """None if the template applies to `workload` on `target`, else why not (one line)."""
+        if self.applies(workload, target):
+            return None
+        if workload.op not in self.ops:  # the families not yet matched by structure
+            return f"matched by op name: serves {', '.join(self.ops)}, not {workload.op}"
+        return "its dtype, shape divisibility or target features do not hold here"
 
     @abstractmethod
     def schedule(self, sch: Any, workload: Workload, target: Any, *args: Any,

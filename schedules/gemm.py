@@ -1,4 +1,7 @@
-"""GEMM family on x86 with AVX-512 (fp32): matmul, dense (X·Wᵀ), batch_matmul (A·Bᵀ).
+"""GEMM family on x86 with AVX-512 (fp32): any PrimFunc whose block structure is a GEMM with an
+elementwise epilogue (`schedules/match.py`): the op specs matmul, dense (X·Wᵀ), batch_matmul
+(A·Bᵀ), and what relax fuses (`fused_matmul_add`, `fused_matmul_add_gelu`, int64 indices, any
+names), submitted as `tir`.
 
 The classic register-blocked micro-kernel:
 
@@ -10,6 +13,8 @@ The classic register-blocked micro-kernel:
   SplitLayoutRewritePreproc does the same in a pipeline);
 - an mr × (nv·16) accumulator tile lives in registers (a `local` cache written back after the
   whole reduction): mr rows broadcast from A/X, nv zmm vectors of the weight per k step;
+- the epilogue blocks are folded into one and inlined into the accumulator's write-back: bias,
+  residual and activation are applied to the register tile on its way to memory;
 - knobs: the tiling of M into [outer, middle, mr], of N/16 into [outer, middle, nv], of K into
   [outer, unroll]; loop order of the middle loops (two design spaces); explicit unroll depth.
   The outer M×N tiles (and the batch) are fused and run in parallel.
@@ -21,8 +26,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from schedules.base import Template, finish_register_tile, is_x86
+from schedules.base import Template, finish_register_tile, fold_epilogue, is_x86
 from schedules.knobs import Categorical, DesignSpace, PerfectTile, divides, knob_table
+from schedules.match import GemmMatch, match_gemm
 from tuner.workloads import Workload
 
 LANES = 16  # fp32 lanes of a zmm register
@@ -30,7 +36,7 @@ LANES = 16  # fp32 lanes of a zmm register
 
 class GemmX86(Template):
     name = "gemm-x86"
-    ops = ("matmul", "dense", "batch_matmul")
+    ops = ("matmul", "dense", "batch_matmul", "tir")
     description = ("register-blocked AVX-512 micro-kernel (mr x nv*16 accumulators), weight packed "
                    "in [N/16, K, 16] panels at compile time, parallel outer tiles")
     KNOBS = knob_table(
@@ -51,29 +57,41 @@ class GemmX86(Template):
     )
 
     def applies(self, workload: Workload, target: Any) -> bool:
-        spec = workload.spec
-        return (workload.op in self.ops and is_x86(target) and spec.get("dtype") == "float32"
-                and spec["shape"][-2] % LANES == 0)
+        return self.why_not(workload, target) is None
+
+    def why_not(self, workload: Workload, target: Any) -> str | None:
+        g = match_gemm(workload)
+        if not isinstance(g, GemmMatch):
+            return g.reason
+        if not is_x86(target):
+            return "not an x86 LLVM target"
+        if g.n % LANES:
+            return f"N={g.n} is not a multiple of {LANES}"
+        return None
 
     def knob_extents(self, workload: Workload) -> dict[str, int]:
-        *_, m, n, k = workload.spec["shape"]
-        return {"mr": m, "nv": n // LANES, "unroll_k": k}
+        g = match_gemm(workload)
+        assert isinstance(g, GemmMatch)
+        rows = g.m * g.batch_size if g.shared_weight else g.m
+        return {"mr": rows, "nv": g.n // LANES, "unroll_k": g.k}
 
     def schedule(self, sch: Any, workload: Workload, target: Any, *, order: str) -> None:
+        g = match_gemm(workload)
+        assert isinstance(g, GemmMatch), g
         root = sch.get_sblock("root")
-        (blk,) = sch.get_child_blocks(root)
-        packed = sch.cache_read(blk, 1, "global")
-        if workload.op == "matmul":  # B[K, N]
-            sch.transform_layout(blk, ("read", 1), lambda k, j: (j // LANES, k, j % LANES))
-        elif workload.op == "dense":  # W[N, K]
-            sch.transform_layout(blk, ("read", 1), lambda j, k: (j // LANES, k, j % LANES))
-        else:  # B[b, N, K]
-            sch.transform_layout(blk, ("read", 1), lambda b, j, k: (b, j // LANES, k, j % LANES))
+        blk = sch.get_child_blocks(root)[g.block]
+        packed = sch.cache_read(blk, g.weight, "global")
+        sch.transform_layout(blk, ("read", g.weight), _panels(g.weight_axes))
         sch.annotate(packed, "meta_schedule.layout_rewrite_preproc", True)
         sch.annotate(root, "meta_schedule.unroll_explicit", self.sample(sch, "unroll"))
-        # the compute block looked up again: stored traces have these two instructions here
-        blk = sch.get_child_blocks(sch.get_sblock("root"))[-1]
+        # the blocks looked up again (the packing block came first): stored traces of op specs
+        # have these two instructions here
+        blocks = sch.get_child_blocks(sch.get_sblock("root"))
+        blk = blocks[g.block + 1]
+        epilogue = fold_epilogue(sch, blocks[g.block + 2:])
         *batch, i, j, k = sch.get_loops(blk)
+        if g.shared_weight:  # x[b, m, k] · w[k, n]: batch_size * m rows of one GEMM
+            i, batch = sch.fuse(*batch, i), []
         m, n16 = int(sch.get(i).extent), int(sch.get(j).extent) // LANES
         mr = self.sample(sch, "mr", extent=m)
         nv = self.sample(sch, "nv", extent=n16)
@@ -86,4 +104,17 @@ class GemmX86(Template):
         middle = [i1, j1] if order == "m-outer" else [j1, i1]
         sch.reorder(*batch, i0, j0, *middle, k0, k1, i2, j2, jl)
         finish_register_tile(sch, blk, parallel=[*batch, i0, j0], acc_at=middle[-1],
-                             unrolled=[k1, i2, j2], vector=jl, k0=k0, lanes=LANES)
+                             unrolled=[k1, i2, j2], vector=jl, k0=k0, lanes=LANES,
+                             epilogue=epilogue)
+
+
+def _panels(axes: str) -> Any:
+    """The index map packing a weight whose dims are `axes` ("kj", "jk", "bjk", ...) into
+    [*batch, N/16, K, 16] panels."""
+    jpos, kpos = axes.index("j"), axes.index("k")
+    bpos = [p for p, c in enumerate(axes) if c == "b"]
+
+    def panels(*idx: Any) -> tuple[Any, ...]:
+        return (*(idx[p] for p in bpos), idx[jpos] // LANES, idx[kpos], idx[jpos] % LANES)
+
+    return panels

@@ -122,6 +122,16 @@ def describe(name: str, workload: Workload | None = None) -> dict[str, Any]:
     return TEMPLATES[name].describe(workload)
 
 
+def explain(workload: Workload, target: Any) -> list[dict[str, Any]]:
+    """Every template for `workload` on `target`: whether it applies, and why not; then auto."""
+    out = []
+    for name, t in TEMPLATES.items():
+        why = t.why_not(workload, target)
+        out.append({"name": name, "applies": why is None, "reason": why,
+                    **({"knobs": t.knobs(workload)} if why is None else {})})
+    return [*out, {"name": "auto", "applies": True, "reason": None}]
+
+
 def describe_op(op: str) -> list[dict[str, Any]]:
     """Every space that can serve `op` (templates first, then auto)."""
     return [t.describe() for t in TEMPLATES.values() if op in t.ops] + [dict(AUTO)]

@@ -152,11 +152,22 @@ def records(
 
 def spaces(
     op: Annotated[str | None, typer.Argument(help="Only the spaces that serve this op.")] = None,
+    shape: ShapeOpt = None, param: ParamOpt = None, tvmscript: ScriptOpt = None,
+    target: TargetOpt = "host",
 ) -> None:
-    """Describe the search spaces (templates and their knobs, and 'auto') as JSON."""
+    """Describe the search spaces (templates and their knobs, and 'auto') as JSON. With a
+    workload (--shape, or --tvmscript for any PrimFunc): which templates apply to it on the
+    target, their knobs for it, and why the others do not."""
     from schedules import registry
+    from tuner import tvm_api as tv
 
-    if op is None:
+    if shape is not None or tvmscript is not None:
+        try:
+            wl = workload_arg(op or "tir", shape, param, tvmscript)
+            out = registry.explain(wl, tv.make_target(target_arg(target)))
+        except TunefarmError as exc:
+            fail(exc)
+    elif op is None:
         out = [registry.describe(n) for n in registry.space_names() if n != "default"]
     else:
         out = registry.describe_op(op)

@@ -39,7 +39,9 @@ from .tvmscript_rules import MAX_UNROLL_EXTENT, MAX_VECTORIZED_EXTENT
 
 SUPPORTED_DTYPES = ("float16", "float32", "float64", "int8", "int16", "int32", "int64",
                     "uint8", "uint16", "uint32", "uint64", "bool")
-ALLOWED_FUNC_ATTRS = frozenset({"global_symbol", "tirx.noalias", "s_tir", "layout_free_buffers"})
+# op_pattern: relax's fusion class of the function (an integer), on every task it extracts
+ALLOWED_FUNC_ATTRS = frozenset({"global_symbol", "tirx.noalias", "s_tir", "layout_free_buffers",
+                                "op_pattern"})
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,133 @@
+"""The `fused` suite: PrimFuncs as a compiler sends them. Small relax models are legalized and fused
+the way `ms.relax_integration.extract_tasks` sees them (`LegalizeOps`, `AnnotateTIROpPattern`,
+`FoldConstant`, `FuseOps`, `FuseTIR`; weights bound as model constants) and each task becomes a
+`tir` workload: int64 indices, relax's names, epilogues, shapes off the 16 grid.
+
+An entry's "model" says how to build it (`spec_of`), its "torch" how PyTorch runs the same op
+sequence (`torch_fn`: `F.gelu(F.linear(x, w, b))`, ...), on the task's own inputs in its
+parameter order (x, the weight as [K, N] after FoldConstant, the bias, then a residual input).
+The tests use the same builders (tests/schedules/test_match.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import reduce
+from typing import Any
+
+import numpy as np
+
+from tuner.tvm_api import make_target, ms, tvm
+
+
+def _fuse() -> Any:
+    from tvm import relax
+
+    return tvm.transform.Sequential([
+        relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern(),
+        relax.transform.FoldConstant(), relax.transform.FuseOps(), relax.transform.FuseTIR()])
+
+
+def tasks(inputs: dict[str, tuple[int, ...]], consts: dict[str, tuple[int, ...]],
+          body: Callable[..., Any], *, bind: bool = True) -> dict[str, Any]:
+    """{task name: PrimFunc} of the model `body(**vars)` over float32 `inputs` and `consts`
+    (bound as constants when `bind`, else function parameters too)."""
+    from tvm import relax
+
+    bb = relax.BlockBuilder()
+    vs = {n: relax.Var(n, relax.TensorType(s, "float32")) for n, s in {**inputs, **consts}.items()}
+    with bb.function("main", list(vs.values())):
+        with bb.dataflow():
+            out = bb.emit_output(body(bb, **vs))
+        bb.emit_func_output(out)
+    mod = bb.get()
+    if bind:
+        rng = np.random.default_rng(0)
+        mod = relax.transform.BindParams("main", {
+            n: tvm.runtime.tensor(rng.uniform(-1, 1, s).astype("float32"))
+            for n, s in consts.items()})(mod)
+    found = ms.relax_integration.extract_tasks(_fuse()(mod), make_target("host"))
+    return {t.task_name: t.dispatched[0]["main"] for t in found}
+
+
+def op(name: str) -> Any:
+    """The relax op `name` ("add", "nn.relu", ...)."""
+    from tvm import relax
+
+    return reduce(getattr, name.split("."), relax.op)
+
+
+def linear(m: int, n: int, k: int, act: str | None = None, *, residual: bool = False) -> Any:
+    """x[m,k] · w[n,k]ᵀ + b, then `act` ("relu", "gelu", "gelu_tanh", "silu") and a residual
+    add of a second input [m, n]: the one fused task relax makes of it."""
+    ins = {"x": (m, k), **({"r": (m, n)} if residual else {})}
+
+    def body(bb: Any, x: Any, w: Any, b: Any, r: Any = None) -> Any:
+        y = bb.emit(op("linear")(x, w, b))
+        if act is not None:
+            y = bb.emit(op(f"nn.{act}")(y))
+        return op("add")(y, r) if residual else y
+
+    (func,) = tasks(ins, {"w": (n, k), "b": (n,)}, body).values()
+    return func
+
+
+def matmul(shape_a: tuple[int, ...], shape_b: tuple[int, ...]) -> Any:
+    """`R.matmul(a, b)` with both operands inputs (int64 indices, no layout_free attribute)."""
+    (func,) = tasks({"a": shape_a, "b": shape_b}, {}, lambda bb, a, b: op("matmul")(a, b)).values()
+    return func
+
+
+# --- the suite ----------------------------------------------------------------------------------
+
+def _lin(i: str, m: int, n: int, k: int, act: str | None = None, *,
+         residual: bool = False) -> dict[str, Any]:
+    title = f"linear {m}×{k}→{n}" + (f" +{act}" if act else "") + (" +res" if residual else "")
+    return {"id": i, "title": title, "peak": "fp32",
+            "model": {"kind": "linear", "m": m, "n": n, "k": k, "act": act, "residual": residual}}
+
+
+FUSED: list[dict[str, Any]] = [
+    _lin("F1", 128, 3072, 768, "gelu"),  # BERT-base FFN in
+    _lin("F2", 128, 768, 3072, residual=True),  # FFN out + residual
+    _lin("F3", 128, 768, 768),  # attention projection: bias only
+    _lin("F4", 197, 768, 768, "relu"),  # ViT tokens: M off the grid
+    _lin("F5", 100, 512, 300, "silu"),  # M and K off the grid
+    _lin("F6", 50, 1536, 384, "gelu"),
+    _lin("F7", 64, 1024, 256, "gelu_tanh"),
+    _lin("F8", 256, 512, 512, "relu", residual=True),
+    {"id": "F9", "title": "R.matmul 512³ (int64, no epilogue)", "peak": "fp32",
+     "model": {"kind": "matmul", "a": [512, 512], "b": [512, 512]}},
+    {"id": "F10", "title": "R.matmul (4,128,256)·(256,512) broadcast", "peak": "fp32",
+     "model": {"kind": "matmul", "a": [4, 128, 256], "b": [256, 512]}},
+]
+
+
+def spec_of(model: dict[str, Any]) -> dict[str, Any]:
+    """The `tir` workload spec of a suite entry's model: the one task relax extracts."""
+    if model["kind"] == "linear":
+        func = linear(model["m"], model["n"], model["k"], model.get("act"),
+                      residual=bool(model.get("residual")))
+    else:
+        func = matmul(tuple(model["a"]), tuple(model["b"]))
+    return {"op": "tir", "tvmscript": func.script()}
+
+
+def torch_fn(model: dict[str, Any], inputs: list[np.ndarray], torch: Any) -> tuple[Any, str]:
+    """PyTorch running the model's op sequence on the task's inputs (weights converted to
+    PyTorch's layout once, outside the timed calls, as packed weights are)."""
+    import torch.nn.functional as F
+
+    t = [torch.from_numpy(np.ascontiguousarray(a)) for a in inputs]
+    if model["kind"] == "matmul":
+        a, b = t
+        return (lambda: torch.matmul(a, b)), "torch.matmul(a, b)"
+    x, w_kn, b, *res = t
+    w = w_kn.t().contiguous()
+    act = model.get("act")
+    acts = {None: lambda y: y, "relu": F.relu, "gelu": F.gelu, "silu": F.silu,
+            "gelu_tanh": lambda y: F.gelu(y, approximate="tanh")}
+    f = acts[act]
+    if res:
+        r = res[0]
+        return (lambda: f(F.linear(x, w, b)) + r), f"{act or ''}(F.linear(x, w, b)) + r"
+    return (lambda: f(F.linear(x, w, b))), f"{act or 'id'}(F.linear(x, w, b))"

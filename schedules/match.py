@@ -1,0 +1,190 @@
+"""Matching by structure: which expert family a PrimFunc belongs to, read off its blocks.
+
+A compiler sends `fused_matmul_add_gelu`, not "matmul": what makes a function a GEMM is its
+block, not its name. `match_gemm` reads the root's child blocks of any PrimFunc (an op spec's or
+one relax produced; int32 or int64 indices; any names) and answers with a `GemmMatch` or, when it
+does not match, the reason (`NoMatch`), which `tunefarm spaces --tvmscript` prints:
+
+- one GEMM block first: spatial iterators then one reduction iterator k, body
+  `C[*b, i, j] = C[*b, i, j] + A[*b, i, k] * W[...]` (either factor order), init `C = 0`, where W
+  is indexed `[*b, k, j]` (matmul), `[*b, j, k]` (dense: the weight transposed) or without the batch
+  iterators (broadcast); all float32;
+- then any number of elementwise epilogue blocks (bias, residual add, relu, gelu in erf or tanh
+  form, scaling, casts): spatial iterators over C's shape, one store at exactly its iterators, and
+  loads either of an earlier block's result at exactly its iterators or of a parameter at a
+  subset of its iterators (a broadcast bias); every result but the last is a scratch buffer.
+
+The template folds the epilogue into one block (`compute_inline`) and then into the GEMM's
+register write-back (`reverse_compute_inline`): no separate pass over memory.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from tuner.tvm_api import tvm, tvm_ffi
+from tuner.workloads import Workload
+
+DATA_PAR, COMM_REDUCE = 0, 2  # tvm.tirx.IterVar kinds
+
+
+@dataclass(frozen=True)
+class GemmMatch:
+    block: int  # index of the GEMM block among the root's child blocks (0: it is the first)
+    batch: int  # batch dimensions of C
+    batch_size: int  # their product
+    m: int
+    n: int
+    k: int
+    weight: int  # index of the weight among the GEMM block's reads
+    weight_axes: str  # the weight's dims in order, of "b" (batch), "j" (N) and "k" (K)
+    epilogue: int  # elementwise blocks after the GEMM
+
+    @property
+    def layout(self) -> str:
+        return "dense" if self.weight_axes.endswith("jk") else "matmul"
+
+    @property
+    def shared_weight(self) -> bool:
+        """A batch whose weight has no batch dimensions (`x[b, m, k] · w[k, n]`): the batch and
+        M are one dimension of batch_size * m rows."""
+        return self.batch > 0 and "b" not in self.weight_axes
+
+
+@dataclass(frozen=True)
+class NoMatch:
+    reason: str
+
+
+def child_blocks(func: Any) -> list[Any]:
+    """The root block's child blocks in program order (none nested deeper is expected)."""
+    found: list[Any] = []
+    tvm_ffi.structural_walk(func.body, [((tvm.s_tir.SBlockRealize,), found.append)])
+    root = func.body.block if isinstance(func.body, tvm.s_tir.SBlockRealize) else None
+    return [r.block for r in found if root is None or not r.block.same_as(root)]
+
+
+def _is_var(e: Any, var: Any) -> bool:
+    return isinstance(e, tvm.tirx.Var) and e.same_as(var)
+
+
+def _loads(expr: Any) -> list[Any]:
+    out: list[Any] = []
+    tvm_ffi.structural_walk(expr, [((tvm.ir.TensorLoad,), out.append)])
+    return out
+
+
+def _gemm_block(b: Any) -> tuple[int, int, int, int, int, int, str] | str:
+    """(batch, batch size, m, n, k, weight read index, weight axes) of a GEMM block, or why it
+    is not one."""
+    kinds = [int(iv.iter_type) for iv in b.iter_vars]
+    if len(kinds) < 3 or kinds[-1] != COMM_REDUCE or any(k != DATA_PAR for k in kinds[:-1]):
+        return "its first block is not spatial iterators followed by one reduction"
+    st, init = b.body, b.init
+    if not isinstance(st, tvm.tirx.BufferStore) or not isinstance(init, tvm.tirx.BufferStore):
+        return "the reduction block is not one store with an init"
+    ext = [iv.dom.extent for iv in b.iter_vars]
+    if not all(isinstance(e, tvm.tirx.IntImm) for e in ext):
+        return "an iterator has a symbolic extent"
+    *bat, iv, jv, kv = [iv.var for iv in b.iter_vars]
+    spatial = [*bat, iv, jv]
+    if len(st.indices) != len(spatial) or not all(map(_is_var, st.indices, spatial)):
+        return "the reduction does not store C at its spatial iterators"
+    if not (isinstance(init.value, tvm.tirx.FloatImm) and float(init.value.value) == 0.0):
+        return "the reduction does not start from 0"
+    v = st.value
+    if not (isinstance(v, tvm.tirx.Add) and isinstance(v.b, tvm.tirx.Mul)
+            and isinstance(v.a, tvm.ir.TensorLoad) and v.a.source.same_as(st.buffer)
+            and all(map(_is_var, v.a.indices, spatial))
+            and isinstance(v.b.a, tvm.ir.TensorLoad) and isinstance(v.b.b, tvm.ir.TensorLoad)):
+        return "the reduction is not C += A * B"
+    if any(str(x.dtype) != "float32" for x in (st.buffer, v.b.a.source, v.b.b.source)):
+        return "a GEMM operand is not float32"
+    named = [*(("b", x) for x in bat), ("i", iv), ("j", jv), ("k", kv)]
+
+    def axes(load: Any) -> str | None:  # "bik" for A[b, i, k]; None for any other index
+        out = ""
+        for e in load.indices:
+            hit = [c for c, x in named if _is_var(e, x)]
+            if len(hit) != 1:
+                return None
+            out += hit[0]
+        return out
+
+    want_a = "b" * len(bat) + "ik"
+    a_axes, w_axes = axes(v.b.a), axes(v.b.b)
+    a, w = v.b.a, v.b.b
+    if a_axes != want_a:
+        a_axes, w_axes, a, w = w_axes, a_axes, w, a
+    if a_axes != want_a:
+        return "no operand is indexed [*batch, i, k] (a transposed A is not served)"
+    batch_prefix = "b" * len(bat)
+    if w_axes not in {batch_prefix + "kj", batch_prefix + "jk", "kj", "jk"}:
+        return "the other operand is not indexed [*batch, k, j] or [*batch, j, k]"
+    if w_axes.startswith("b") and any(not _is_var(e, x) for e, x in zip(w.indices, bat,
+                                                                        strict=False)):
+        return "the weight's batch dimensions are not C's, in order"
+    reads = [r.source for r in b.reads]
+    idx = [i for i, r in enumerate(reads) if r.same_as(w.source)]
+    if len(idx) != 1 or w.source.same_as(a.source):
+        return "the weight is not one distinct read of the block"
+    dims = [int(e.value) for e in ext]
+    return len(bat), math.prod(dims[:-3]), dims[-3], dims[-2], dims[-1], idx[0], w_axes
+
+
+def _epilogue(blocks: list[Any], c_shape: list[int], written: list[Any],
+              outputs: list[Any]) -> str | None:
+    """Why the blocks after the GEMM are not an elementwise epilogue, or None."""
+    for n, b in enumerate(blocks):
+        if any(int(iv.iter_type) != DATA_PAR for iv in b.iter_vars) or b.init is not None:
+            return f"block {b.name_hint} after the GEMM is not elementwise"
+        dims = [iv.dom.extent for iv in b.iter_vars]
+        if [int(d.value) if isinstance(d, tvm.tirx.IntImm) else -1 for d in dims] != c_shape:
+            return f"block {b.name_hint} after the GEMM does not span C's shape"
+        st, its = b.body, [iv.var for iv in b.iter_vars]
+        if not isinstance(st, tvm.tirx.BufferStore) or len(st.indices) != len(its) \
+                or not all(map(_is_var, st.indices, its)):
+            return f"block {b.name_hint} does not store at its iterators"
+        for ld in _loads(st.value):
+            earlier = any(ld.source.same_as(x) for x in written)
+            exact = len(ld.indices) == len(its) and all(map(_is_var, ld.indices, its))
+            subset = all(any(_is_var(e, x) for x in its) for e in ld.indices)
+            if (earlier and not exact) or not subset:
+                return f"block {b.name_hint} reads {ld.source.name} at other indices"
+        last = n == len(blocks) - 1
+        if any(st.buffer.same_as(p) for p in outputs) != last:
+            return f"block {b.name_hint}: only the last epilogue block may write an output"
+        written.append(st.buffer)
+    return None
+
+
+def match_gemm_func(func: Any) -> GemmMatch | NoMatch:
+    blocks = child_blocks(func)
+    if not blocks:
+        return NoMatch("the function has no blocks")
+    got = _gemm_block(blocks[0])
+    if isinstance(got, str):
+        return NoMatch(got)
+    batch, batch_size, m, n, k, weight, w_axes = got
+    params = list(func.params)
+    c = blocks[0].body.buffer
+    rest = blocks[1:]
+    if rest and any(c.same_as(p) for p in params):
+        return NoMatch("the GEMM's result is an output and also feeds an epilogue")
+    if not rest and not any(c.same_as(p) for p in params):
+        return NoMatch("the GEMM's result is not an output")
+    why = _epilogue(rest, [int(d) for d in c.shape], [c], params)
+    if why is not None:
+        return NoMatch(why)
+    return GemmMatch(0, batch, batch_size, m, n, k, weight, w_axes, len(rest))
+
+
+def match_gemm(workload: Workload) -> GemmMatch | NoMatch:
+    """`match_gemm_func` of the workload's PrimFunc, cached on the workload."""
+    key = "match:gemm"
+    if key not in workload._cache:
+        workload._cache[key] = match_gemm_func(workload.prim_func())
+    result: GemmMatch | NoMatch = workload._cache[key]
+    return result
