@@ -15,6 +15,9 @@ The classic register-blocked micro-kernel:
   whole reduction): mr rows broadcast from A/X, nv zmm vectors of the weight per k step;
 - the epilogue blocks are folded into one and inlined into the accumulator's write-back: bias,
   residual and activation are applied to the register tile on its way to memory;
+- any shape: N off the 16-lane grid is padded with zero weight columns (in the packing, paid at
+  compile time) and the write-back is predicated; an M with no 4/6/8-row divisor (a prime, say)
+  is padded to 8 rows by a copy of x;
 - knobs: the tiling of M into [outer, middle, mr], of N/16 into [outer, middle, nv], of K into
   [outer, unroll]; loop order of the middle loops (two design spaces); explicit unroll depth.
   The outer M×N tiles (and the batch) are fused and run in parallel.
@@ -65,30 +68,41 @@ class GemmX86(Template):
             return g.reason
         if not is_x86(target):
             return "not an x86 LLVM target"
-        if g.n % LANES:
-            return f"N={g.n} is not a multiple of {LANES}"
         return None
 
     def knob_extents(self, workload: Workload) -> dict[str, int]:
         g = match_gemm(workload)
         assert isinstance(g, GemmMatch)
-        rows = g.m * g.batch_size if g.shared_weight else g.m
-        return {"mr": rows, "nv": g.n // LANES, "unroll_k": g.k}
+        pm, pn = _padding(g)
+        m = _round_up(g.m, pm)
+        return {"mr": m * g.batch_size if g.shared_weight else m,
+                "nv": _round_up(g.n, pn) // LANES, "unroll_k": g.k}
 
     def schedule(self, sch: Any, workload: Workload, target: Any, *, order: str) -> None:
         g = match_gemm(workload)
         assert isinstance(g, GemmMatch), g
         root = sch.get_sblock("root")
         blk = sch.get_child_blocks(root)[g.block]
+        pm, pn = _padding(g)
+        wpad = None
+        if (pm, pn) != (1, 1):  # off the grid: padded to it (zero rows of x, columns of w)
+            sch.pad_einsum(blk, [1] * g.batch + [pm, pn, 1])
+            if pn > 1:  # the padded weight: folded into the packing below
+                wbuf = sch.get(blk).reads[g.weight].source
+                wpad = next(p for p in sch.get_producers(blk)
+                            if sch.get(p).writes[0].source.same_as(wbuf))
         packed = sch.cache_read(blk, g.weight, "global")
         sch.transform_layout(blk, ("read", g.weight), _panels(g.weight_axes))
+        if wpad is not None:
+            sch.compute_inline(wpad)
         sch.annotate(packed, "meta_schedule.layout_rewrite_preproc", True)
         sch.annotate(root, "meta_schedule.unroll_explicit", self.sample(sch, "unroll"))
         # the blocks looked up again (the packing block came first): stored traces of op specs
         # have these two instructions here
         blocks = sch.get_child_blocks(sch.get_sblock("root"))
-        blk = blocks[g.block + 1]
-        epilogue = fold_epilogue(sch, blocks[g.block + 2:])
+        at = g.block + 1 if wpad is None and pm == 1 else _position(sch, blocks, blk)
+        blk = blocks[at]
+        epilogue = fold_epilogue(sch, blocks[at + 1:])  # with padding: the unpadding copy first
         *batch, i, j, k = sch.get_loops(blk)
         if g.shared_weight:  # x[b, m, k] · w[k, n]: batch_size * m rows of one GEMM
             i, batch = sch.fuse(*batch, i), []
@@ -106,6 +120,23 @@ class GemmX86(Template):
         finish_register_tile(sch, blk, parallel=[*batch, i0, j0], acc_at=middle[-1],
                              unrolled=[k1, i2, j2], vector=jl, k0=k0, lanes=LANES,
                              epilogue=epilogue)
+
+
+def _padding(g: GemmMatch) -> tuple[int, int]:
+    """(multiple of M, multiple of N) the GEMM is padded to: N to whole 16-lane vectors; M to 8
+    rows when no micro-kernel height (4, 6, 8) divides it (a prime M would get 1-row kernels)."""
+    rows = g.m * g.batch_size if g.shared_weight else g.m
+    pm = 1 if any(rows % d == 0 for d in (4, 6, 8)) or g.shared_weight else 8
+    return pm, LANES if g.n % LANES else 1
+
+
+def _round_up(x: int, multiple: int) -> int:
+    return -(-x // multiple) * multiple
+
+
+def _position(sch: Any, blocks: list[Any], blk: Any) -> int:
+    target = sch.get(blk)
+    return next(n for n, b in enumerate(blocks) if sch.get(b).same_as(target))
 
 
 def _panels(axes: str) -> Any:
