@@ -19,8 +19,8 @@ def tir(func: Any) -> Any:
 
 
 def test_off_grid_op_specs_are_padded_and_correct() -> None:
-    for spec in ({"op": "matmul", "shape": [7, 20, 9]}, {"op": "dense", "shape": [197, 40, 33]},
-                 {"op": "batch_matmul", "shape": [3, 5, 24, 16]}):
+    for spec in ({"op": "matmul", "shape": [7, 32, 9]}, {"op": "dense", "shape": [257, 40, 33]},
+                 {"op": "batch_matmul", "shape": [3, 5, 32, 16]}):
         wl = parse_spec(spec)
         assert registry.resolve("default", wl, X86) == "gemm-x86"
         for sch in sample_points(registry.space_generator("gemm-x86", wl, X86), wl, X86, n=2):
@@ -75,8 +75,9 @@ def _transposed_a() -> Any:
     (16, 64, 24, "gelu", True),      # gelu (erf) then a residual add of a second input
     (32, 16, 16, "gelu_tanh", False),
     (8, 32, 32, "silu", False),
-    (13, 40, 24, "relu", False),     # off the grid: M prime (padded to 16), N = 40 (to 48)
-    (197, 24, 20, None, True),
+    (13, 32, 24, "relu", False),     # off the grid: M prime (padded to 16 rows)
+    (256, 40, 24, "relu", False),    # N = 40, padded to 48
+    (197, 32, 20, None, True),       # M prime, a residual
 ])
 def test_the_gemm_template_serves_fused_relax_tasks(m: int, n: int, k: int, act: str | None,
                                                    residual: bool) -> None:
@@ -107,11 +108,15 @@ def test_spaces_says_which_families_match_a_tvmscript_file_and_why_not(tmp_path:
     assert by_name["auto"]["applies"]
     assert "softmax" in by_name["softmax-x86"]["reason"]
 
-    odd = tmp_path / "odd.py"  # N = 40: off the 16-lane grid, padded
-    odd.write_text(relax_tasks.linear(16, 40, 48).script())
+    odd = tmp_path / "odd.py"  # N = 40: off the 16-lane grid, padded when M >= 256
+    odd.write_text(relax_tasks.linear(256, 40, 48).script())
     got = CliRunner().invoke(app, ["spaces", "--tvmscript", str(odd)])
     gemm = {s["name"]: s for s in json.loads(got.output)}["gemm-x86"]
     assert gemm["applies"] and gemm["knobs"]["nv"]["choices"] == [3, 1], gemm  # 48 / 16 = 3
+    odd.write_text(relax_tasks.linear(16, 40, 48).script())
+    got = CliRunner().invoke(app, ["spaces", "--tvmscript", str(odd)])
+    reason = {s["name"]: s["reason"] for s in json.loads(got.output)}["gemm-x86"]
+    assert reason.startswith("N=40 is off the 16-lane grid and M=16 < 256"), reason
     soft = CliRunner().invoke(app, ["spaces", "softmax", "--shape", "4,64"])
     reason = {s["name"]: s["reason"] for s in json.loads(soft.output)}["gemm-x86"]
     assert "reduction" in reason

@@ -173,3 +173,7 @@ def test_tuned_matmul_is_found_and_applied_by_relax(tmp_path: Path) -> None:
     assert got["has_workload"] and got["scheduled"] and got["record_of_the_query"], got
     assert got["same_as_replayed_record"], got  # the tuned schedule, not relax's naive loops
     assert got["max_err"] < 1e-3, got
+    timed = subprocess.run([sys.executable, "-m", "bench.relax_apply", "--n", str(m), "--db", url],
+                           cwd=REPO, capture_output=True, text=True, timeout=300, check=False)
+    assert timed.returncode == 0, timed.stderr[-3000:]
+    assert timed.stdout.count("found True") == 2, timed.stdout  # weight a parameter, and bound

@@ -223,3 +223,23 @@ def test_a_job_handed_off_keeps_its_state(db: Store) -> None:
         Tuner(db, ReplayMeasurer(fallback=stopping)).run(_req(spec, target, "gemm-x86", 4))
     (job,), _ = list_jobs(db)
     assert job.state is JobState.RUNNING and job.error is None
+
+
+def _relax_linear_gelu() -> dict[str, Any]:
+    from bench.fused import linear
+
+    return {"op": "tir", "tvmscript": linear(24, 32, 16, "gelu").script()}
+
+
+@pytest.mark.parametrize("spec", [
+    {"op": "matmul", "shape": [256, 40, 24]},  # N off the grid: padded in the packing
+    {"op": "matmul", "shape": [13, 32, 24]},  # M prime: padded by a copy of x
+    "relax",  # a fused relax task (int64 indices, a gelu epilogue), as tir
+], ids=["n-padded", "m-padded", "relax-gelu"])
+def test_the_search_over_gemm_shapes_off_the_grid_and_fused(db: Store, spec: Any) -> None:
+    spec = _relax_linear_gelu() if spec == "relax" else spec
+    tuner = Tuner(db, ReplayMeasurer(fallback=Synthetic()))
+    got = tuner.run(_req(spec, X86, "gemm-x86", 8))  # features and cost model run on them too
+    assert got.trials_done == got.measured_now == 8, got.stop_reason
+    rows = db.records(job_id=got.job_id)
+    assert len(rows) == 8 and all(r.features and r.space == "gemm-x86" for r in rows)
