@@ -177,3 +177,17 @@ def test_tuned_matmul_is_found_and_applied_by_relax(tmp_path: Path) -> None:
                            cwd=REPO, capture_output=True, text=True, timeout=300, check=False)
     assert timed.returncode == 0, timed.stderr[-3000:]
     assert timed.stdout.count("found True") == 2, timed.stdout  # weight a parameter, and bound
+
+
+def test_a_workload_another_process_commits_later_is_found(store: Any) -> None:
+    from tuner.db.ms_database import TunefarmDatabase
+    from tuner.tvm_api import Schedule
+
+    target = make_target({"kind": "llvm", "mcpu": "znver4", "num-cores": 2})
+    spec = parse_spec({"op": "matmul", "shape": [32, 32, 32]})
+    relax_mod = tvm.IRModule({"main": relax_matmul_task(32, 32, 32)})
+    reader, writer = TunefarmDatabase(store), TunefarmDatabase(store)
+    assert not reader.has_workload(relax_mod) and not reader.has_workload(spec.mod())
+    _commit(writer, spec.mod(), Schedule(spec.mod()), target, 1e-5)  # after the reader looked
+    assert reader.has_workload(relax_mod) and reader.has_workload(spec.mod())
+    assert reader.query_tuning_record(relax_mod, target, "matmul") is not None

@@ -126,9 +126,10 @@ class TunefarmDatabase(ms.database.PyDatabase):
             self._workloads[workload_id] = ms.database.Workload(load_json(mod_json))
         return self._workloads[workload_id]
 
-    def _candidates(self, h: str) -> list[int]:
-        """Ids of the stored workloads whose `shash` column is `h` (their Workloads cached)."""
-        if h not in self._by_shash:
+    def _candidates(self, h: str, *, refresh: bool = False) -> list[int]:
+        """Ids of the stored workloads whose `shash` column is `h` (their Workloads cached; read
+        from the store again with `refresh`: another process may have added one)."""
+        if refresh or h not in self._by_shash:
             rows = [r for r in self.store.workload_by_shash(h) if r.mod_json]
             for row in rows:
                 self._workload(row.id, row.mod_json)
@@ -138,10 +139,12 @@ class TunefarmDatabase(ms.database.PyDatabase):
     def _find(self, mod: Any) -> tuple[int | None, Any]:
         """(workload id, Workload) of a structurally equal stored module, or (None, None): what
         records are committed under and read back for (their traces replay onto that module)."""
-        for h in dict.fromkeys((identity_hash(mod), shash_hex(mod))):  # new rows, then old ones
-            for wid in self._candidates(h):
-                if structural_equal(self._workloads[wid].mod, mod):
-                    return wid, self._workloads[wid]
+        hashes = dict.fromkeys((identity_hash(mod), shash_hex(mod)))  # new rows, then old ones
+        for refresh in (False, True):
+            for h in hashes:
+                for wid in self._candidates(h, refresh=refresh):
+                    if structural_equal(self._workloads[wid].mod, mod):
+                        return wid, self._workloads[wid]
         return None, None
 
     def _same(self, mod: Any) -> list[tuple[int, Any]]:
@@ -149,12 +152,15 @@ class TunefarmDatabase(ms.database.PyDatabase):
         (`workloads.identity`): relax's int64 legalization of an op spec finds the op spec."""
         norm = normal_form(mod)
         out: list[tuple[int, Any]] = []
-        for h in dict.fromkeys((shash_hex(norm), shash_hex(mod))):
-            for wid in self._candidates(h):
-                if wid not in self._normal:
-                    self._normal[wid] = normal_form(self._workloads[wid].mod)
-                if all(w != wid for w, _ in out) and structural_equal(self._normal[wid], norm):
-                    out.append((wid, self._workloads[wid]))
+        for refresh in (False, True):
+            for h in dict.fromkeys((shash_hex(norm), shash_hex(mod))):
+                for wid in self._candidates(h, refresh=refresh):
+                    if wid not in self._normal:
+                        self._normal[wid] = normal_form(self._workloads[wid].mod)
+                    if all(w != wid for w, _ in out) and structural_equal(self._normal[wid], norm):
+                        out.append((wid, self._workloads[wid]))
+            if out:
+                return out
         return out
 
     def _ensure_target(self, target: Any) -> TargetRef:
@@ -200,7 +206,7 @@ class TunefarmDatabase(ms.database.PyDatabase):
             n += 1
             key = f"tir-{shash}-{n}"
         wid = register_workload(self.store, _BareModule(key, mod, shash, _estimate_flops(mod)))
-        self._by_shash.pop(shash, None)  # listed again on next use
+        self._candidates(shash, refresh=True)
         return self._workload(wid)
 
     def commit_tuning_record(self, record: Any) -> None:
