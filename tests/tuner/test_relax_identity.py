@@ -191,3 +191,21 @@ def test_a_workload_another_process_commits_later_is_found(store: Any) -> None:
     _commit(writer, spec.mod(), Schedule(spec.mod()), target, 1e-5)  # after the reader looked
     assert reader.has_workload(relax_mod) and reader.has_workload(spec.mod())
     assert reader.query_tuning_record(relax_mod, target, "matmul") is not None
+
+
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+def test_relax_conv2d_has_the_identity_of_the_op_spec(layout: str) -> None:
+    from tvm import relax
+
+    from bench.fused import tasks
+
+    spec = {"op": "conv2d", "shape": [1, 16, 14, 14, 32, 3, 3], "padding": 1, "layout": layout}
+    if layout == "NCHW":
+        ins, consts = {"x": (1, 16, 14, 14)}, {"w": (32, 16, 3, 3)}
+        kw: dict[str, Any] = {}
+    else:
+        ins, consts = {"x": (1, 14, 14, 16)}, {"w": (3, 3, 16, 32)}
+        kw = {"data_layout": "NHWC", "kernel_layout": "HWIO"}
+    (func,) = tasks(ins, consts, lambda bb, x, w: relax.op.nn.conv2d(x, w, padding=1, **kw),
+                    bind=False).values()
+    assert identity_hash(func) == parse_spec(spec).shash()
