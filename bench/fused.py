@@ -27,19 +27,27 @@ def _fuse() -> Any:
         relax.transform.FoldConstant(), relax.transform.FuseOps(), relax.transform.FuseTIR()])
 
 
+def model(params: dict[str, tuple[int, ...]], body: Callable[..., Any]) -> Any:
+    """The relax module whose `main` takes float32 `params` (name -> shape) and returns
+    `body(bb, **vars)`."""
+    from tvm import relax
+
+    bb = relax.BlockBuilder()
+    vs = {n: relax.Var(n, relax.TensorType(s, "float32")) for n, s in params.items()}
+    with bb.function("main", list(vs.values())):
+        with bb.dataflow():
+            out = bb.emit_output(body(bb, **vs))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
 def tasks(inputs: dict[str, tuple[int, ...]], consts: dict[str, tuple[int, ...]],
           body: Callable[..., Any], *, bind: bool = True) -> dict[str, Any]:
     """{task name: PrimFunc} of the model `body(**vars)` over float32 `inputs` and `consts`
     (bound as constants when `bind`, else function parameters too)."""
     from tvm import relax
 
-    bb = relax.BlockBuilder()
-    vs = {n: relax.Var(n, relax.TensorType(s, "float32")) for n, s in {**inputs, **consts}.items()}
-    with bb.function("main", list(vs.values())):
-        with bb.dataflow():
-            out = bb.emit_output(body(bb, **vs))
-        bb.emit_func_output(out)
-    mod = bb.get()
+    mod = model({**inputs, **consts}, body)
     if bind:
         rng = np.random.default_rng(0)
         mod = relax.transform.BindParams("main", {

@@ -25,6 +25,7 @@ def main() -> None:
     import numpy as np
     from tvm import relax
 
+    from bench.fused import model
     from tuner.db import Store
     from tuner.db.ms_database import TunefarmDatabase
     from tuner.records import best_record
@@ -40,16 +41,10 @@ def main() -> None:
     w_np = rng.uniform(-1, 1, (n, n)).astype("float32")
     x_np = rng.uniform(-1, 1, (n, n)).astype("float32")
     ref = x_np.astype("float64") @ w_np.astype("float64")
-    bb = relax.BlockBuilder()
-    x = relax.Var("x", relax.TensorType((n, n), "float32"))
-    w = relax.Var("w", relax.TensorType((n, n), "float32"))
-    with bb.function("main", [x, w]):
-        with bb.dataflow():
-            out = bb.emit_output(relax.op.matmul(x, w))
-        bb.emit_func_output(out)
+    base = model({"x": (n, n), "w": (n, n)}, lambda bb, x, w: relax.op.matmul(x, w))
     for label, bind in (("weight a parameter (packed on every call)", False),
                         ("weight bound (packing split out and folded)", True)):
-        mod = bb.get()
+        mod = base
         if bind:
             mod = relax.transform.BindParams("main", {"w": tvm.runtime.tensor(w_np)})(mod)
         mod = relax.transform.LegalizeOps()(mod)

@@ -24,7 +24,7 @@ def relax_matmul_task(m: int, n: int, k: int, *, dtype: str = "float32") -> Any:
     """The PrimFunc relax extracts for `R.matmul(x[m,k], w[k,n])`, legalized."""
     from tvm import relax
 
-    bb = relax.BlockBuilder()
+    bb = relax.BlockBuilder()  # not bench.fused.model: other dtypes too
     x = relax.Var("x", relax.TensorType((m, k), dtype))
     w = relax.Var("w", relax.TensorType((k, n), dtype))
     with bb.function("main", [x, w]):
@@ -123,17 +123,12 @@ from tuner.db import Store
 from tuner.db.ms_database import TunefarmDatabase
 from tuner.tvm_api import make_target, ms, structural_equal, trace_to_json, tvm
 from schedules.registry import replay
+from bench.fused import model
 
 url, m, n, k = sys.argv[1], *map(int, sys.argv[2:5])
 target = make_target("host")
-bb = relax.BlockBuilder()
-x = relax.Var("x", relax.TensorType((m, k), "float32"))
-w = relax.Var("w", relax.TensorType((k, n), "float32"))
-with bb.function("main", [x, w]):
-    with bb.dataflow():
-        out = bb.emit_output(relax.op.matmul(x, w))
-    bb.emit_func_output(out)
-mod = relax.transform.LegalizeOps()(bb.get())
+mod = model({"x": (m, k), "w": (k, n)}, lambda bb, x, w: relax.op.matmul(x, w))
+mod = relax.transform.LegalizeOps()(mod)
 db = TunefarmDatabase(Store(url))
 (task,) = ms.relax_integration.extract_tasks(mod, target)
 rec = db.query_tuning_record(task.dispatched[0], target, task.task_name)
