@@ -21,9 +21,11 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from schedules.intrinsics import register_for_trace
+from schedules.registry import replay
+
 from ..measure import Invalidity, MeasureResult
 from ..tvm_api import (
-    apply_trace,
     canonical_target_json,
     derived_object,
     load_json,
@@ -182,6 +184,7 @@ class TunefarmDatabase(ms.database.PyDatabase):
         return self._targets[target_id]
 
     def _to_tuning_record(self, row: RecordRow, workload: Any) -> Any:
+        register_for_trace(row.trace_json)  # the caller replays it: its intrinsics must exist
         run_secs = row.latencies if row.ok and row.latencies else [FAILED_RUN_S * 10]
         args_info = ms.arg_info.ArgInfo.from_entry_func(workload.mod, remove_preproc=True)
         return ms.database.TuningRecord.from_json(
@@ -275,9 +278,9 @@ class TunefarmDatabase(ms.database.PyDatabase):
 
 def _replays(mod: Any, trace_json: str) -> bool:
     """Whether a stored trace replays onto `mod` (a trace naming blocks by the names of another
-    spelling does not; one naming a tensor intrinsic this process has not registered neither)."""
+    spelling may not; the tensor intrinsics it names are registered first)."""
     try:
-        apply_trace(mod, trace_json)
+        replay(mod, trace_json)
     except Exception:  # a ScheduleError, a missing block or intrinsic: another record may do
         return False
     return True
