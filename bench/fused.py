@@ -27,13 +27,14 @@ def _fuse() -> Any:
         relax.transform.FoldConstant(), relax.transform.FuseOps(), relax.transform.FuseTIR()])
 
 
-def model(params: dict[str, tuple[int, ...]], body: Callable[..., Any]) -> Any:
-    """The relax module whose `main` takes float32 `params` (name -> shape) and returns
+def model(params: dict[str, tuple[int, ...]], body: Callable[..., Any],
+          dtype: str = "float32") -> Any:
+    """The relax module whose `main` takes `params` (name -> shape) of `dtype` and returns
     `body(bb, **vars)`."""
     from tvm import relax
 
     bb = relax.BlockBuilder()
-    vs = {n: relax.Var(n, relax.TensorType(s, "float32")) for n, s in params.items()}
+    vs = {n: relax.Var(n, relax.TensorType(s, dtype)) for n, s in params.items()}
     with bb.function("main", list(vs.values())):
         with bb.dataflow():
             out = bb.emit_output(body(bb, **vs))

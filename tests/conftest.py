@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
+import tempfile
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any, NoReturn
 
 import pytest
@@ -207,3 +210,14 @@ def keys(redis_prefix: str) -> Any:
     from tuner.queue import Keys
 
     return Keys(redis_prefix)
+
+
+@pytest.fixture
+def mark() -> Iterator[Path]:
+    """Where a hostile TVMScript payload would leave its marker file (in a world-writable
+    directory, so that a payload run by an unprivileged parse child could create it): the file's
+    absence means nothing ran."""
+    d = tempfile.mkdtemp(prefix="tfmark-", dir="/tmp")
+    os.chmod(d, 0o777)
+    yield Path(d) / "pwned"
+    shutil.rmtree(d, ignore_errors=True)

@@ -8,10 +8,6 @@ to /v1/best?workload=<spec as JSON> with a worker token (a worker reads /v1/best
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -75,14 +71,6 @@ CASES: list[tuple[str, dict[str, Any], int, str]] = [
       for name, c in (("vertical-tab", "\v"), ("next-line", "\x85"), ("line-sep", "\u2028"),
                       ("cr", "\r"))],
 ]
-
-
-@pytest.fixture
-def mark() -> Iterator[Path]:
-    d = tempfile.mkdtemp(prefix="tfmark-", dir="/tmp")
-    os.chmod(d, 0o777)
-    yield Path(d) / "pwned"
-    shutil.rmtree(d, ignore_errors=True)
 
 
 def _jobs(ctx: Any) -> list[str]:

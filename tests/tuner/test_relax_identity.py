@@ -24,15 +24,11 @@ def relax_matmul_task(m: int, n: int, k: int, *, dtype: str = "float32") -> Any:
     """The PrimFunc relax extracts for `R.matmul(x[m,k], w[k,n])`, legalized."""
     from tvm import relax
 
-    bb = relax.BlockBuilder()  # not bench.fused.model: other dtypes too
-    x = relax.Var("x", relax.TensorType((m, k), dtype))
-    w = relax.Var("w", relax.TensorType((k, n), dtype))
-    with bb.function("main", [x, w]):
-        with bb.dataflow():
-            out = bb.emit_output(relax.op.matmul(x, w))
-        bb.emit_func_output(out)
-    mod = relax.transform.LegalizeOps()(bb.get())
-    (task,) = ms.relax_integration.extract_tasks(mod, make_target("host"))
+    from bench.fused import model
+
+    mod = model({"x": (m, k), "w": (k, n)}, lambda bb, x, w: relax.op.matmul(x, w), dtype)
+    (task,) = ms.relax_integration.extract_tasks(relax.transform.LegalizeOps()(mod),
+                                                 make_target("host"))
     return task.dispatched[0]["main"]
 
 

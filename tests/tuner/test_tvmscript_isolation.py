@@ -7,9 +7,6 @@ parse child could create the marker: its absence means nothing ran."""
 
 from __future__ import annotations
 
-import os
-import shutil
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -25,16 +22,10 @@ from tuner.workloads import isolate, parse_spec, vet_tvmscript
 from tuner.workloads.tvmscript import canonical_text
 
 LINE_ENDS = ("\n", "\r", "\r\n")  # normalised to "\n": the hidden code becomes visible code
+
+
 def tir(text: str, **kw: object) -> dict[str, Any]:
     return {"op": "tir", "tvmscript": text, **kw}
-
-
-@pytest.fixture
-def mark() -> Iterator[Path]:
-    d = tempfile.mkdtemp(prefix="tfmark-", dir="/tmp")
-    os.chmod(d, 0o777)
-    yield Path(d) / "pwned"
-    shutil.rmtree(d, ignore_errors=True)
 
 
 @pytest.fixture
