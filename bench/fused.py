@@ -19,7 +19,8 @@ import numpy as np
 from tuner.tvm_api import make_target, ms, tvm
 
 
-def _fuse() -> Any:
+def fuse() -> Any:
+    """The relax passes that turn a model into fused TIR tasks (legalize, annotate, fuse)."""
     from tvm import relax
 
     return tvm.transform.Sequential([
@@ -54,7 +55,7 @@ def tasks(inputs: dict[str, tuple[int, ...]], consts: dict[str, tuple[int, ...]]
         mod = relax.transform.BindParams("main", {
             n: tvm.runtime.tensor(rng.uniform(-1, 1, s).astype("float32"))
             for n, s in consts.items()})(mod)
-    found = ms.relax_integration.extract_tasks(_fuse()(mod), make_target("host"))
+    found = ms.relax_integration.extract_tasks(fuse()(mod), make_target("host"))
     return {t.task_name: t.dispatched[0]["main"] for t in found}
 
 

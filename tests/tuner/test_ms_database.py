@@ -62,7 +62,6 @@ def test_compile_tir_returns_the_committed_schedule_for_its_target_only(
         rec = _record(db, mod, sch, znver5, [2e-5, 1e-5, 3e-5])
         assert db.has_workload(mod) and db.commit_workload(mod).same_as(rec.workload)
         db.commit_tuning_record(rec)
-        db.commit_tuning_record(rec)  # the same record twice is stored once
         assert len(db) == 1
 
         got = ms.tir_integration.compile_tir(db, mod, znver5)
@@ -105,8 +104,10 @@ def test_failed_runs_and_target_bound_views(db_url: str, hand_schedule: tuple[An
         assert len(db) == 1 and db.query_tuning_record(mod, skylake, "main") is None
         (row,) = store.records()
         assert row.invalidity is Invalidity.RUN_ERROR and row.median_s is None
+        assert row.latencies == [1e10]  # kept as committed
 
-        plain = Schedule(mod)  # untouched schedule, slower, on znver5
+        plain = Schedule(mod)  # a barely scheduled program, slower, on znver5
+        plain.get_sblock("C")
         db.commit_tuning_record(_record(db, mod, plain, znver5, [5e-4]))
         bound = TunefarmDatabase(store, target=skylake)
         assert len(bound) == 1 and bound.get_top_k(bound.commit_workload(mod), 3) == []

@@ -178,6 +178,8 @@ class Record(Base):
         Index("ix_records_workload_target_cand", "workload_id", "target_id", "cand_hash"),
         Index("ix_records_workload_target_invalidity_median",
               "workload_id", "target_id", "invalidity", "median_s"),
+        Index("ix_records_workload_target_invalidity_mean",
+              "workload_id", "target_id", "invalidity", "mean_s"),
     )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
@@ -189,8 +191,10 @@ class Record(Base):
     cand_hash: Mapped[str] = mapped_column(String(32))
     trace_json: Mapped[str] = mapped_column(Text)
     decisions_json: Mapped[str] = mapped_column(Text, default="[]")
-    latencies_json: Mapped[str] = mapped_column(Text, default="[]")  # every sample, seconds
+    # every sample, seconds, as measured or committed ("null": committed with run_secs None)
+    latencies_json: Mapped[str] = mapped_column(Text, default="[]")
     median_s: Mapped[float | None] = mapped_column(Float, nullable=True)
+    mean_s: Mapped[float | None] = mapped_column(Float, nullable=True)  # MetaSchedule's ranking
     cv: Mapped[float | None] = mapped_column(Float, nullable=True)
     invalidity: Mapped[str] = mapped_column(String(16))  # tuner.measure.Invalidity
     error_msg: Mapped[str | None] = mapped_column(Text, nullable=True)
@@ -200,6 +204,19 @@ class Record(Base):
     tvm_version: Mapped[str] = mapped_column(String(64))
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
     measured_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+
+
+class WorkloadHash(Base):
+    """A workload's hash under one of MetaSchedule's module equalities ("ignore-tensor",
+    "anchor-block"; "structural" is `Workload.shash`), filled in as a `TunefarmDatabase` using
+    that equality first needs it: how it finds the stored workloads equal to a module."""
+
+    __tablename__ = "workload_hashes"
+    __table_args__ = (Index("ix_workload_hashes_mode_hash", "mode", "hash"),)
+
+    workload_id: Mapped[int] = mapped_column(ForeignKey("workloads.id"), primary_key=True)
+    mode: Mapped[str] = mapped_column(String(16), primary_key=True)
+    hash: Mapped[str] = mapped_column(String(16))
 
 
 class Token(Base):

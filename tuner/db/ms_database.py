@@ -1,34 +1,45 @@
 """`TunefarmDatabase`: a MetaSchedule database backed by the tunefarm SQL `Store`.
 
 It lets `ms.tir_integration.compile_tir(db, mod, target)`, `ms.tune_tir(..., database=db)` and
-`relax.transform.MetaScheduleApplyDatabase` work against SQLite / PostgreSQL, and unlike the
-built-in databases it answers queries per target: MetaSchedule's default `query_tuning_record`
-returns the best record of the workload for whatever target it was measured on.
+`relax.transform.MetaScheduleApplyDatabase` work against SQLite / PostgreSQL, and keeps the
+contract of TVM's built-in databases (`tests/tuner/test_ms_database_contract.py` checks it):
+- every record committed is kept as committed (run_secs verbatim, None and [] included; the
+  same record twice is two records), and `get_all_tuning_records` returns them in commit order;
+- a record is valid as in TVM (`TuningRecord.IsValid`): its trace has an instruction before
+  postprocessing and one of its run_secs is not the 1e10 failure placeholder; `get_top_k` ranks
+  valid records by their mean run time, ties in commit order, and refuses a negative `top_k`;
+- `module_equality` is TVM's: "structural", "ignore-tensor" or "anchor-block"
+  (`tuner.db.ms_lookup`).
 
-Records are committed under, and `get_top_k` reads them for, the stored IRModule structurally
-equal to the workload's (`workloads.mod_json`; rows found by the `shash` column): a trace replays
-onto the module it was recorded on. Queries (`has_workload`, `query_tuning_record`, hence
-`query_schedule` and relax's `MetaScheduleApplyDatabase`) match by computation instead: any stored
-module with the same normal form (`tuner.workloads.identity`), so relax's int64 legalization of
-`R.matmul` finds the records of `tunefarm tune matmul`. Arbitrary modules are stored under the key
-`tir-<identity hash>` (`-<n>` for another spelling of the same computation) with op "tir".
+Where it differs from TVM's databases on purpose, each difference has an option that turns it
+off (README, "Using the tuning database from a compiler"):
+- queries answer per target (`any_target=True`: the best record of any target, as TVM);
+- queries also find other spellings of the same computation, such as relax's int64
+  legalization of an op spec (`same_computation=False`: module equality only);
+- reads are scoped to one device key, and to one target when bound to it (`device_key=None`:
+  every device);
+- `ranking="median"` ranks by the median run time, as tunefarm's own views do (default "mean").
+Arbitrary modules are stored under the key `tir-<identity hash>` (`-<n>` for another spelling of
+the same computation) with op "tir".
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import statistics
+import uuid
 from dataclasses import dataclass
 from typing import Any
 
 from schedules.intrinsics import register_for_trace
 from schedules.registry import replay
 
-from ..measure import Invalidity, MeasureResult
+from ..measure import Invalidity
 from ..tvm_api import (
+    Schedule,
     canonical_target_json,
     derived_object,
-    load_json,
     ms,
     shash_hex,
     structural_equal,
@@ -38,17 +49,19 @@ from ..tvm_api import (
     tvm_version,
 )
 from ..workloads import canonical_json
-from ..workloads.identity import identity_hash, normal_form
+from ..workloads.identity import identity_hash
+from . import ms_queries as q
 from .catalog import register_workload
 from .engine import target_key
+from .ms_lookup import MODULE_EQUALITIES, WorkloadIndex
 from .rows import NewRecord, RecordRow, TargetRef
 from .store import Store
 
-FAILED_RUN_S = 1e9  # MetaSchedule reports failed runs as run_secs=[1e10]
-QUERY_DEPTH = 5  # records per stored spelling tried when a trace must replay onto another
+FAILED_RUN_S = 1e10  # MetaSchedule's placeholder for a run that gave no time
+QUERY_DEPTH = 5  # records per stored module tried when a trace must replay onto another
 MS_SPACE = "metaschedule"
 
-__all__ = ["FAILED_RUN_S", "MS_SPACE", "TunefarmDatabase", "shash_hex"]
+__all__ = ["FAILED_RUN_S", "MODULE_EQUALITIES", "MS_SPACE", "TunefarmDatabase", "shash_hex"]
 
 
 @dataclass(frozen=True)
@@ -94,23 +107,43 @@ def _estimate_flops(mod: Any) -> int:
         return 0
 
 
+def _trace_is_valid(trace: Any) -> bool:
+    """TVM's rule: the trace has an instruction before postprocessing starts."""
+    insts = list(trace.insts)
+    return bool(insts) and insts[0].kind.name != "EnterPostproc"
+
+
+def _runs_are_valid(run_secs: list[float] | None) -> bool:
+    """TVM's rule: some run time is not the failure placeholder."""
+    return any(s != FAILED_RUN_S for s in run_secs or [])
+
+
 @derived_object
 class TunefarmDatabase(ms.database.PyDatabase):
     """A MetaSchedule `Database` over a tunefarm `Store` (a Store, a URL, or None: settings).
 
     `device_key` completes the target identity (the same target JSON on two boards is two
-    targets). With `target` given, `get_top_k`, `get_all_tuning_records` and `__len__` only see
-    that target's records (what a tuning run wants); otherwise they see every target's.
+    targets): records are committed for it, and `get_top_k`, `get_all_tuning_records`,
+    `__len__` and the queries read only its targets (`None`: every device key; commits then go
+    to "local"). With `target` given, those reads see only that target's records (what a tuning
+    run wants), and a record committed without a target is stored for it.
+    `module_equality`, `ranking`, `same_computation` and `any_target`: the module docstring.
     """
 
-    def __init__(self, store: Store | str | None = None, device_key: str = "local", *,
-                 target: Any = None) -> None:
+    def __init__(self, store: Store | str | None = None, device_key: str | None = "local", *,
+                 target: Any = None, module_equality: str = "structural",
+                 ranking: q.Ranking = "mean", same_computation: bool = True,
+                 any_target: bool = False) -> None:
         super().__init__()
+        if ranking not in q.RANKINGS:
+            raise ValueError(f"ranking must be one of {', '.join(q.RANKINGS)}, not {ranking!r}")
         self.store = store if isinstance(store, Store) else Store(store)
+        self.index = WorkloadIndex(self.store, module_equality)
+        self.module_equality = module_equality
         self.device_key = device_key
-        self._workloads: dict[int, Any] = {}  # workload id -> ms Workload (stable identity)
-        self._by_shash: dict[str, list[int]] = {}  # shash -> ids whose Workload is cached
-        self._normal: dict[int, Any] = {}  # workload id -> the normal form of its module
+        self.ranking: q.Ranking = ranking
+        self.same_computation = same_computation
+        self.any_target = any_target
         self._targets: dict[int, dict[str, Any]] = {}  # target id -> target JSON dict
         self.target_id: int | None = None
         if target is not None:
@@ -118,59 +151,12 @@ class TunefarmDatabase(ms.database.PyDatabase):
 
     # --- helpers ---------------------------------------------------------------------------
 
-    def _workload(self, workload_id: int, mod_json: str | None = None) -> Any:
-        if workload_id not in self._workloads:
-            if mod_json is None:
-                row = self.store.get_workload(workload_id)
-                if row is None:
-                    raise LookupError(f"workload {workload_id} is not in {self.store!r}")
-                mod_json = row.mod_json
-            self._workloads[workload_id] = ms.database.Workload(load_json(mod_json))
-        return self._workloads[workload_id]
-
-    def _candidates(self, h: str, *, refresh: bool = False) -> list[int]:
-        """Ids of the stored workloads whose `shash` column is `h` (their Workloads cached; read
-        from the store again with `refresh`: another process may have added one)."""
-        if refresh or h not in self._by_shash:
-            rows = [r for r in self.store.workload_by_shash(h) if r.mod_json]
-            for row in rows:
-                self._workload(row.id, row.mod_json)
-            self._by_shash[h] = [r.id for r in rows]
-        return self._by_shash[h]
-
-    def _find(self, mod: Any) -> tuple[int | None, Any]:
-        """(workload id, Workload) of a structurally equal stored module, or (None, None): what
-        records are committed under and read back for (their traces replay onto that module)."""
-        hashes = dict.fromkeys((identity_hash(mod), shash_hex(mod)))  # new rows, then old ones
-        for refresh in (False, True):
-            for h in hashes:
-                for wid in self._candidates(h, refresh=refresh):
-                    if structural_equal(self._workloads[wid].mod, mod):
-                        return wid, self._workloads[wid]
-        return None, None
-
-    def _same(self, mod: Any) -> list[tuple[int, Any]]:
-        """Every stored workload computing what `mod` computes, however spelled
-        (`workloads.identity`): relax's int64 legalization of an op spec finds the op spec."""
-        norm = normal_form(mod)
-        out: list[tuple[int, Any]] = []
-        for refresh in (False, True):
-            for h in dict.fromkeys((shash_hex(norm), shash_hex(mod))):
-                for wid in self._candidates(h, refresh=refresh):
-                    if wid not in self._normal:
-                        self._normal[wid] = normal_form(self._workloads[wid].mod)
-                    if all(w != wid for w, _ in out) and structural_equal(self._normal[wid], norm):
-                        out.append((wid, self._workloads[wid]))
-            if out:
-                return out
-        return out
-
     def _ensure_target(self, target: Any) -> TargetRef:
-        return self.store.ensure_target(canonical_target_json(target), self.device_key)
+        return self.store.ensure_target(canonical_target_json(target), self.device_key or "local")
 
     def _target_id(self, target: Any) -> int | None:
         for tj in _target_jsons(target):
-            ref = self.store.target_by_key(target_key(tj, self.device_key))
+            ref = self.store.target_by_key(target_key(tj, self.device_key or "local"))
             if ref is not None:
                 return ref.id
         return None
@@ -183,25 +169,45 @@ class TunefarmDatabase(ms.database.PyDatabase):
             self._targets[target_id] = json.loads(ref.target_json)
         return self._targets[target_id]
 
+    def _records(self, workload_ids: list[int] | None, *, ranked: bool,
+                 limit: int | None = None, target_id: int | None = None) -> list[RecordRow]:
+        return q.scoped_records(self.store, workload_ids=workload_ids,
+                                target_id=target_id if target_id is not None else self.target_id,
+                                device_key=self.device_key, limit=limit,
+                                ranking=self.ranking if ranked else None)
+
+    def _rank(self, row: RecordRow) -> float:
+        value = row.mean_s if self.ranking == "mean" else row.median_s
+        return float("inf") if value is None else value
+
     def _to_tuning_record(self, row: RecordRow, workload: Any) -> Any:
         register_for_trace(row.trace_json)  # the caller replays it: its intrinsics must exist
-        run_secs = row.latencies if row.ok and row.latencies else [FAILED_RUN_S * 10]
         args_info = ms.arg_info.ArgInfo.from_entry_func(workload.mod, remove_preproc=True)
+        run_secs = None if row.latencies is None else [float(x) for x in row.latencies]
         return ms.database.TuningRecord.from_json(
-            [json.loads(row.trace_json), [float(x) for x in run_secs],
-             self._target(row.target_id), [a.as_json() for a in args_info]],
+            [json.loads(row.trace_json), run_secs, self._target(row.target_id),
+             [a.as_json() for a in args_info]],
             workload)
 
     # --- the PyDatabase interface ----------------------------------------------------------
 
     def has_workload(self, mod: Any) -> bool:
-        """Whether records of `mod`'s computation may exist (in any spelling of it)."""
-        return bool(self._same(mod))
+        """Whether a stored workload equals `mod` under the module equality (or, with
+        `same_computation`, computes what it computes)."""
+        return bool(self.index.equal(mod)
+                    or (self.same_computation and self.index.same_computation(mod)))
 
     def commit_workload(self, mod: Any) -> Any:
-        wid, wl = self._find(mod)
-        if wl is not None:
-            return wl
+        """The stored workload equal to `mod` under the module equality, stored if none is."""
+        found = self.index.equal(mod)
+        if found:
+            return found[0][1]
+        return self.index.workload(self._register(mod))
+
+    def _register(self, mod: Any) -> int:
+        wid, _ = self.index.exact(mod)
+        if wid is not None:
+            return wid
         shash = identity_hash(mod)
         taken = {row.key for row in self.store.workload_by_shash(shash)}
         key, n = f"tir-{shash}", 0
@@ -209,71 +215,134 @@ class TunefarmDatabase(ms.database.PyDatabase):
             n += 1
             key = f"tir-{shash}-{n}"
         wid = register_workload(self.store, _BareModule(key, mod, shash, _estimate_flops(mod)))
-        self._candidates(shash, refresh=True)
-        return self._workload(wid)
+        self.index.note_new(wid, mod)
+        found, _ = self.index.exact(mod)
+        if found is None:
+            raise LookupError("the committed workload is not found again")
+        return found
 
     def commit_tuning_record(self, record: Any) -> None:
-        wid, _ = self._find(record.workload.mod)
-        if wid is None:
-            self.commit_workload(record.workload.mod)
-            wid, _ = self._find(record.workload.mod)
-            if wid is None:
-                raise LookupError("the committed workload is not found again")
+        """Store the record as given, under the stored module its trace was recorded on."""
+        wid = self._register(record.workload.mod)
         if record.target is not None:
             tid = self._ensure_target(record.target).id
         elif self.target_id is not None:
             tid = self.target_id
         else:
             raise ValueError("the tuning record has no target and the database is not bound to one")
-        secs = [float(s) for s in (record.run_secs or [])]
-        ok = bool(secs) and all(s < FAILED_RUN_S for s in secs)
+        secs = None if record.run_secs is None else [float(s) for s in record.run_secs]
+        valid = _trace_is_valid(record.trace) and _runs_are_valid(secs)
+        times = [s for s in secs or [] if s != FAILED_RUN_S]  # tunefarm's statistics: real runs
+        median = statistics.median(times) if valid else None
+        cv = (statistics.pstdev(times) / statistics.fmean(times)
+              if valid and statistics.fmean(times) > 0 else None)
         trace_json = trace_to_json(record.trace)
-        digest = hashlib.sha256(f"{wid}|{tid}|{trace_json}|{secs}".encode()).hexdigest()
-        res = (MeasureResult(f"ms-{digest[:40]}", Invalidity.OK, latencies_s=tuple(secs)) if ok
-               else MeasureResult.failure(f"ms-{digest[:40]}", Invalidity.RUN_ERROR,
-                                          "MetaSchedule reported a failed run"))
         self.store.add_records([NewRecord(
-            trial_id=res.trial_id, workload_id=wid, target_id=tid, space=MS_SPACE,
-            cand_hash=shash_hex(record.as_measure_candidate().sch.mod), trace_json=trace_json,
-            decisions=trace_decisions(record.trace), latencies=list(res.latencies_s),
-            median_s=res.median_s, cv=res.cv, invalidity=res.invalidity, error_msg=res.error_msg,
+            trial_id=f"ms-{uuid.uuid4().hex}", workload_id=wid, target_id=tid, space=MS_SPACE,
+            cand_hash=_cand_hash(record, trace_json), trace_json=trace_json,
+            decisions=trace_decisions(record.trace), latencies=secs, median_s=median, cv=cv,
+            invalidity=Invalidity.OK if valid else Invalidity.RUN_ERROR,
+            error_msg=None if valid else _why_invalid(record.trace, secs),
             tvm_version=tvm_version())])
 
     def get_top_k(self, workload: Any, top_k: int) -> list[Any]:
-        wid, wl = self._find(workload.mod)
-        if wid is None or top_k <= 0:
+        """The `top_k` fastest valid records of the workloads equal to `workload`."""
+        if top_k < 0:
+            raise ValueError(f"top_k must be non-negative, not {top_k}")
+        found = self.index.equal(workload.mod)
+        if top_k == 0 or not found:
             return []
-        rows = self.store.records(workload_id=wid, target_id=self.target_id, only_ok=True,
-                                  limit=int(top_k), order="median")
-        return [self._to_tuning_record(r, wl) for r in rows]
+        wls = dict(found)
+        return [self._to_tuning_record(r, wls[r.workload_id])
+                for r in self._records(list(wls), ranked=True, limit=top_k)]
 
     def get_all_tuning_records(self) -> list[Any]:
-        return [self._to_tuning_record(r, self._workload(r.workload_id))
-                for r in self.store.records(target_id=self.target_id)]
+        return [self._to_tuning_record(r, self.index.workload(r.workload_id))
+                for r in self._records(None, ranked=False)]
 
     def __len__(self) -> int:
-        return self.store.count_records(target_id=self.target_id)
+        return q.count_scoped(self.store, target_id=self.target_id, device_key=self.device_key)
 
     def query_tuning_record(self, mod: Any, target: Any, workload_name: str | None = None) -> Any:
-        """The best valid record of `mod`'s computation measured on THIS target (and device),
-        or None. A record stored for another spelling of the computation (the op spec's int32
-        for relax's int64) is returned as a record of `mod` itself, and only if its trace
-        replays onto `mod`: relax's `MetaScheduleApplyDatabase` replays it onto its own function,
-        `query_schedule` onto the record's workload; both then get the same program."""
-        tid = self._target_id(target)
-        if tid is None:
+        """The best valid record for `mod` on THIS target (and device), or None.
+
+        A record of `mod` itself, or of a stored module that differs only in how it is spelled
+        or in its constants, is returned as a record of `mod` when its trace replays onto `mod`.
+        Under "anchor-block", a record of a module with the same anchor block whose trace does
+        not replay is returned with its own workload, as TVM's databases do: relax's
+        `MetaScheduleApplyDatabase` then schedules `mod` with it as an anchor trace."""
+        tid = None if self.any_target else self._target_id(target)
+        if tid is None and not self.any_target:
             return None
-        found: list[tuple[RecordRow, Any, bool]] = []
-        for wid, wl in self._same(mod):
-            exact = structural_equal(wl.mod, mod)
-            found += [(r, wl, exact) for r in self.store.best(wid, tid, QUERY_DEPTH)]
-        found.sort(key=lambda f: f[0].median_s or 0.0)
-        for row, wl, exact in found:
-            if exact:
+        kinds: dict[int, tuple[Any, str]] = {}
+        for wid, wl in self.index.equal(mod):
+            kinds[wid] = (wl, "equal")
+        if self.same_computation:
+            for wid, wl in self.index.same_computation(mod):
+                kinds.setdefault(wid, (wl, "spelling"))
+        found: list[tuple[RecordRow, Any, str]] = []
+        for wid, (wl, kind) in kinds.items():
+            found += [(r, wl, kind)
+                      for r in self._records([wid], ranked=True, limit=QUERY_DEPTH, target_id=tid)]
+        found.sort(key=lambda f: (self._rank(f[0]), f[0].id))
+        for row, wl, kind in found:
+            if structural_equal(wl.mod, mod):
                 return self._to_tuning_record(row, wl)
             if _replays(mod, row.trace_json):
                 return self._to_tuning_record(row, ms.database.Workload(mod))
+            if kind == "equal" and self.module_equality == "anchor-block" and _anchor_applies(
+                    mod, wl, row.trace_json, target):
+                return self._to_tuning_record(row, wl)
         return None
+
+    def query_schedule(self, mod: Any, target: Any, workload_name: str | None = None) -> Any:
+        """The schedule of `mod` from `query_tuning_record`'s record: its trace replayed, or,
+        for a record of another module with the same anchor block, applied as an anchor trace
+        (TVM's default would return a schedule of the record's module)."""
+        rec = self.query_tuning_record(mod, target, workload_name)
+        if rec is None:
+            return None
+        if structural_equal(rec.workload.mod, mod):
+            sch = Schedule(rec.workload.mod)
+            rec.trace.apply_to_schedule(sch, remove_postproc=False)
+        else:
+            sch = Schedule(mod)
+            ms.trace_apply.schedule_using_anchor_trace(sch, rec.trace, tvm.target.Target(target))
+        return sch
+
+    def query_ir_module(self, mod: Any, target: Any, workload_name: str | None = None) -> Any:
+        sch = self.query_schedule(mod, target, workload_name)
+        return None if sch is None else sch.mod
+
+
+def _cand_hash(record: Any, trace_json: str) -> str:
+    """The candidate's program hash; the trace's where it does not replay (a record may hold
+    a trace that no longer applies: it is kept all the same)."""
+    try:
+        return shash_hex(record.as_measure_candidate().sch.mod)
+    except Exception:
+        return hashlib.sha256(trace_json.encode()).hexdigest()[:16]
+
+
+def _why_invalid(trace: Any, secs: list[float] | None) -> str:
+    if not _trace_is_valid(trace):
+        return "MetaSchedule record with an empty trace"
+    if secs is None:
+        return "MetaSchedule record without run times"
+    return "MetaSchedule reported a failed run" if secs else "MetaSchedule record with no runs"
+
+
+def _anchor_applies(mod: Any, recorded_on: Any, trace_json: str, target: Any) -> bool:
+    """Whether a trace stored for workload `recorded_on` schedules `mod` as an anchor trace
+    (relax would abort the build on one that does not)."""
+    try:
+        register_for_trace(trace_json)
+        trace = ms.database.TuningRecord.from_json(
+            [json.loads(trace_json), None, None, None], recorded_on).trace
+        ms.trace_apply.schedule_using_anchor_trace(Schedule(mod), trace, tvm.target.Target(target))
+    except Exception:  # a ScheduleError or a failed check inside TVM: not this record
+        return False
+    return True
 
 
 def _replays(mod: Any, trace_json: str) -> bool:

@@ -5,12 +5,24 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, NamedTuple
 
 from ..measure import Invalidity, MeasureInput, MeasureResult
 from . import models as m
+
+
+def mean_of(samples: Sequence[float] | None) -> float | None:
+    """The mean of the samples as MetaSchedule ranks records (summed in order, then divided),
+    None without samples."""
+    if not samples:
+        return None
+    total = 0.0
+    for x in samples:
+        total += float(x)
+    return total / len(samples)
 
 
 @dataclass(frozen=True)
@@ -88,7 +100,8 @@ class NewRecord:
     tvm_version: str
     job_id: str | None = None
     decisions: list[Any] = field(default_factory=list)
-    latencies: list[float] = field(default_factory=list)  # every sample, seconds
+    # every sample, seconds; None only for a MetaSchedule record committed with run_secs None
+    latencies: list[float] | None = field(default_factory=list)
     median_s: float | None = None
     cv: float | None = None
     error_msg: str | None = None
@@ -128,8 +141,9 @@ class NewRecord:
             "trial_id": self.trial_id, "job_id": self.job_id, "workload_id": self.workload_id,
             "target_id": self.target_id, "space": self.space, "cand_hash": self.cand_hash,
             "trace_json": self.trace_json, "decisions_json": json.dumps(self.decisions),
-            "latencies_json": json.dumps([float(x) for x in self.latencies]),
-            "median_s": self.median_s, "cv": self.cv,
+            "latencies_json": json.dumps(None if self.latencies is None
+                                         else [float(x) for x in self.latencies]),
+            "median_s": self.median_s, "mean_s": mean_of(self.latencies), "cv": self.cv,
             "invalidity": Invalidity(self.invalidity).value, "error_msg": self.error_msg,
             "worker": self.worker, "build_s": self.build_s,
             "features": bytes(self.features) if self.features is not None else None,
@@ -149,8 +163,9 @@ class RecordRow:
     cand_hash: str
     trace_json: str
     decisions: list[Any]
-    latencies: list[float]
+    latencies: list[float] | None  # None: committed through MetaSchedule with run_secs None
     median_s: float | None
+    mean_s: float | None
     cv: float | None
     invalidity: Invalidity
     error_msg: str | None
@@ -169,8 +184,8 @@ class RecordRow:
     def of(cls, r: m.Record) -> RecordRow:
         return cls(r.id, r.trial_id, r.job_id, r.workload_id, r.target_id, r.space, r.cand_hash,
                    r.trace_json, json.loads(r.decisions_json), json.loads(r.latencies_json),
-                   r.median_s, r.cv, Invalidity(r.invalidity), r.error_msg, r.worker, r.build_s,
-                   r.features, r.tvm_version, r.created_at, r.measured_at)
+                   r.median_s, r.mean_s, r.cv, Invalidity(r.invalidity), r.error_msg, r.worker,
+                   r.build_s, r.features, r.tvm_version, r.created_at, r.measured_at)
 
 
 @dataclass(frozen=True)

@@ -363,7 +363,7 @@ class Store:
         out: dict[str, MeasuredRow] = {}
         with self.session() as s:
             for cand, trial, inv, median, lat in s.execute(q):
-                row = MeasuredRow(trial, Invalidity(inv), median, json.loads(lat))
+                row = MeasuredRow(trial, Invalidity(inv), median, json.loads(lat) or [])
                 if cand not in out or _better(row, out[cand]):
                     out[cand] = row
         return out

@@ -119,7 +119,7 @@ def issued(store: Store, trial_id: str) -> m.IssuedTrial | None:
 def _same(row: m.Record, rec: NewRecord) -> bool:
     """Is `rec` the result already stored (a retry of the same post)?"""
     return (row.invalidity == Invalidity(rec.invalidity).value
-            and json.loads(row.latencies_json) == [float(x) for x in rec.latencies]
+            and json.loads(row.latencies_json) == [float(x) for x in rec.latencies or []]
             and row.error_msg == rec.error_msg and row.trace_json == rec.trace_json
             and row.cand_hash == rec.cand_hash and row.job_id == rec.job_id)
 

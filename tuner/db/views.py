@@ -129,7 +129,7 @@ class RecordPublic(BaseModel):
             "trial_id": row.trial_id, "job_id": row.job_id, "workload_key": workload_key,
             "target": json.loads(target_json) if target_json else None, "device_key": device_key,
             "space": row.space, "invalidity": str(row.invalidity), "error_msg": row.error_msg,
-            "latency_s": row.median_s, "latencies_s": row.latencies, "cv": row.cv,
+            "latency_s": row.median_s, "latencies_s": row.latencies or [], "cv": row.cv,
             "noisy": row.cv is not None and row.cv > noise_cv,
             "gflops": gflops(flops, row.median_s), "decisions": row.decisions,
             "trace": json.loads(row.trace_json), "worker": row.worker, "build_s": row.build_s,

@@ -44,7 +44,7 @@ class NotRecorded(NotFound):
 def result_of(row: RecordRow) -> MeasureResult:
     """The MeasureResult a stored record stands for."""
     return MeasureResult(trial_id=row.trial_id, invalidity=row.invalidity,
-                         latencies_s=tuple(row.latencies), error_msg=row.error_msg,
+                         latencies_s=tuple(row.latencies or ()), error_msg=row.error_msg,
                          build_s=row.build_s, worker=row.worker)
 
 
