@@ -20,7 +20,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "at the same trial budget, then time both best kernels, PyTorch and numpy in one "
         "process, interleaved, checking every output. Writes results.json and results.md."))
     p.add_argument("--suite", default="public",
-                   help="public, tiny, or a JSON file with a list of {id, title, spec, peak}")
+                   help="public, tiny, fused, models (whole models: bench/models.py), or a JSON "
+                        "file with a list of {id, title, spec, peak}")
+    p.add_argument("--scale", default="full", choices=["full", "small"],
+                   help="--suite models: the models' size (small: minutes instead of hours)")
     p.add_argument("--trials", type=int, default=64, help="trial budget of each tuner (64)")
     p.add_argument("--only", help="comma-separated workload ids, e.g. P1,P7")
     p.add_argument("--out", default=str(REPO / "bench" / "results"),
@@ -68,6 +71,10 @@ def set_thread_env(threads: int) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     set_thread_env(args.threads)
+    if args.suite == "models":
+        from .models import run_models
+
+        return run_models(args)
     from .run import run
 
     return run(args)

@@ -8,7 +8,8 @@ do not count). Each module belongs to one layer, low to high:
                  queue
     1 schedules  schedules
     2 search     tuner.search, tuner.records, tuner.db.ms_database (MetaSchedule's view of the
-                 store: it replays traces, so it needs the schedules' intrinsics); api.client
+                 store: it replays traces, so it needs the schedules' intrinsics),
+                 tuner.db.ms_json, tuner.model (whole models); api.client
                  (the HTTP client below the app)
     3 service    api (the app), workers, tuner.service: none imports another
     4 cli        tuner.cli, tuner.__main__: the one composition root
@@ -41,7 +42,8 @@ LAYERS: list[tuple[int, str, tuple[str, ...]]] = [
                  "tuner.isolation", "tuner.targets", "tuner.workloads", "tuner.db", "tuner.measure",
                  "tuner.queue")),
     (1, "schedules", ("schedules",)),
-    (2, "tuner.search", ("tuner.search", "tuner.records", "tuner.db.ms_database")),
+    (2, "tuner.search", ("tuner.search", "tuner.records", "tuner.db.ms_database",
+                         "tuner.db.ms_json", "tuner.model")),
     (2, "api.client", ("api.client",)),
     (3, "api", ("api",)),
     (3, "workers", ("workers",)),

@@ -43,7 +43,7 @@ check_pins()
 
 import tvm  # noqa: E402
 import tvm_ffi  # noqa: E402
-from tvm import te, topi  # noqa: E402
+from tvm import relax, te, topi  # noqa: E402
 from tvm.ir.utils import derived_object  # noqa: E402
 from tvm.s_tir import Schedule, Trace  # noqa: E402
 from tvm.s_tir import meta_schedule as ms  # noqa: E402
@@ -68,6 +68,8 @@ __all__ = [
     "num_tensor_elements",
     "param_specs",
     "prim_func_from_tvmscript",
+    "relax",
+    "relax_from_exported_program",
     "sample_init_population",
     "save_json",
     "shash_hex",
@@ -256,6 +258,14 @@ def prim_func_from_tvmscript(text: str) -> Any:
     if not isinstance(obj, tvm.tirx.PrimFunc):
         raise ValueError(f"expected a PrimFunc, got {type(obj).__name__}")
     return obj
+
+
+def relax_from_exported_program(program: Any) -> Any:
+    """The relax IRModule of a `torch.export` program, its weights bound as constants (TVM's
+    torch frontend; needs torch, an optional extra)."""
+    from tvm.relax.frontend.torch import from_exported_program
+
+    return from_exported_program(program)
 
 
 def num_tensor_elements(shape: Any) -> int:

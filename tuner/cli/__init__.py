@@ -4,6 +4,7 @@ app, the tuner service and the worker agent together, and the one that starts th
 - `common.py`: consoles, option types, argument parsing and error reporting the commands share;
 - `tune.py`: tune (the embedded search on this machine), best, records, spaces, db upgrade;
 - `service.py`: serve, tuner, worker, submit, up;
+- `model.py`: tune-model, build, db export, db import;
 - `tokens.py`: token create/list/revoke, and the tokens `up` keeps and reuses.
 
 The command modules define plain functions; this module registers every command, in the order
@@ -15,7 +16,7 @@ from __future__ import annotations
 
 import typer
 
-from tuner.cli import service, tokens, tune
+from tuner.cli import model, service, tokens, tune
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="tunefarm: autotuning of tensor programs on Apache TVM.")
@@ -28,7 +29,11 @@ app.command()(tune.tune)
 app.command()(tune.best)
 app.command()(tune.records)
 app.command()(tune.spaces)
+app.command("tune-model")(model.tune_model)
+app.command()(model.build)
 db_app.command("upgrade")(tune.db_upgrade)
+db_app.command("export")(model.db_export)
+db_app.command("import")(model.db_import)
 
 token_app.command("create")(tokens.token_create)
 token_app.command("list")(tokens.token_list)

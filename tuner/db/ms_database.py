@@ -184,6 +184,8 @@ class TunefarmDatabase(ms.database.PyDatabase):
         register_for_trace(row.trace_json)  # the caller replays it: its intrinsics must exist
         args_info = ms.arg_info.ArgInfo.from_entry_func(workload.mod, remove_preproc=True)
         run_secs = None if row.latencies is None else [float(x) for x in row.latencies]
+        if row.space != MS_SPACE and not row.ok:  # tunefarm measured it: wrong answer, crash...
+            run_secs = [FAILED_RUN_S]  # whatever its samples, no database may take it as valid
         return ms.database.TuningRecord.from_json(
             [json.loads(row.trace_json), run_secs, self._target(row.target_id),
              [a.as_json() for a in args_info]],
@@ -223,6 +225,14 @@ class TunefarmDatabase(ms.database.PyDatabase):
 
     def commit_tuning_record(self, record: Any) -> None:
         """Store the record as given, under the stored module its trace was recorded on."""
+        self._commit(record, f"ms-{uuid.uuid4().hex}")
+
+    def import_record(self, record: Any) -> bool:
+        """Commit a record read from elsewhere (`tunefarm db import`) unless the same record
+        (workload, target, trace, run_secs) is stored already; whether it was added."""
+        return self._commit(record, None)
+
+    def _commit(self, record: Any, trial_id: str | None) -> bool:
         wid = self._register(record.workload.mod)
         if record.target is not None:
             tid = self._ensure_target(record.target).id
@@ -237,13 +247,16 @@ class TunefarmDatabase(ms.database.PyDatabase):
         cv = (statistics.pstdev(times) / statistics.fmean(times)
               if valid and statistics.fmean(times) > 0 else None)
         trace_json = trace_to_json(record.trace)
-        self.store.add_records([NewRecord(
-            trial_id=f"ms-{uuid.uuid4().hex}", workload_id=wid, target_id=tid, space=MS_SPACE,
+        if trial_id is None:
+            digest = hashlib.sha256(f"{wid}|{tid}|{trace_json}|{secs}".encode()).hexdigest()
+            trial_id = f"ms-import-{digest[:40]}"
+        return bool(self.store.add_records([NewRecord(
+            trial_id=trial_id, workload_id=wid, target_id=tid, space=MS_SPACE,
             cand_hash=_cand_hash(record, trace_json), trace_json=trace_json,
             decisions=trace_decisions(record.trace), latencies=secs, median_s=median, cv=cv,
             invalidity=Invalidity.OK if valid else Invalidity.RUN_ERROR,
             error_msg=None if valid else _why_invalid(record.trace, secs),
-            tvm_version=tvm_version())])
+            tvm_version=tvm_version())]))
 
     def get_top_k(self, workload: Any, top_k: int) -> list[Any]:
         """The `top_k` fastest valid records of the workloads equal to `workload`."""

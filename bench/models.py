@@ -1,0 +1,304 @@
+"""Whole models: `python -m bench --suite models [--only bert,llama] [--scale small] [--trials 32]`
+
+Each model is defined here in torch with random weights (no downloads) and taken through
+`torch.export` -> relax, partitioned by tunefarm's pipeline (`tuner.model.pipeline`). Then, in
+one process:
+- tunefarm: `ModelTuner` (the engine of `tunefarm tune-model`) with `--trials` per task times the
+  number of tasks as its budget, on a fresh SQLite database, then `tuner.model.pipeline.build`;
+- MetaSchedule: `ms.relax_integration.tune_relax` on the same partitioned module with the same
+  total budget and `max_trials_per_task` = `--trials`, then `compile_relax`;
+- TVM untuned: the partitioned module compiled as is;
+- PyTorch eager and `torch.compile` (inductor).
+All five are timed interleaved (`bench.timing`), every output checked against PyTorch eager.
+`--scale small` shrinks each model (hidden sizes, sequence, channels) to make a run take minutes
+instead of hours; RESULTS.md says which scale a figure is from.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+SCALES = {
+    "full": {"bert": dict(seq=128, hidden=768, heads=12, ffn=3072),
+             "llama": dict(hidden=2048, heads=16, ffn=5632, cache=128),
+             "resnet": dict(size=224, width=64),
+             "mobilenet": dict(size=224, width=32)},
+    "small": {"bert": dict(seq=64, hidden=256, heads=4, ffn=1024),
+              "llama": dict(hidden=512, heads=8, ffn=1408, cache=64),
+              "resnet": dict(size=64, width=16),
+              "mobilenet": dict(size=64, width=16)},
+}
+
+
+def _models(torch: Any) -> dict[str, Any]:
+    nn, F = torch.nn, torch.nn.functional
+
+    class Bert(nn.Module):
+        """A BERT encoder layer: self-attention with a mask, residual + layer norm, GELU FFN."""
+
+        def __init__(self, seq: int, hidden: int, heads: int, ffn: int) -> None:
+            super().__init__()
+            self.heads, self.seq, self.hidden = heads, seq, hidden
+            self.qkv, self.out = nn.Linear(hidden, 3 * hidden), nn.Linear(hidden, hidden)
+            self.ln1, self.ln2 = nn.LayerNorm(hidden), nn.LayerNorm(hidden)
+            self.up, self.down = nn.Linear(hidden, ffn), nn.Linear(ffn, hidden)
+
+        def forward(self, x: Any, mask: Any) -> Any:
+            b, s, h = x.shape
+            q, k, v = self.qkv(x).reshape(b, s, 3, self.heads, h // self.heads).permute(
+                2, 0, 3, 1, 4)
+            att = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(h // self.heads) + mask, -1)
+            ctx = (att @ v).permute(0, 2, 1, 3).reshape(b, s, h)
+            x = self.ln1(x + self.out(ctx))
+            return self.ln2(x + self.down(F.gelu(self.up(x))))
+
+        def inputs(self) -> tuple[Any, ...]:
+            return (torch.randn(1, self.seq, self.hidden), torch.zeros(1, 1, 1, self.seq))
+
+    class Llama(nn.Module):
+        """A Llama-style decoder layer at batch 1, one new token against a KV cache: RMSNorm,
+        attention over cache + token, SwiGLU MLP (GEMV-heavy)."""
+
+        def __init__(self, hidden: int, heads: int, ffn: int, cache: int) -> None:
+            super().__init__()
+            self.heads, self.hidden, self.cache = heads, hidden, cache
+            self.q, self.k, self.v, self.o = (nn.Linear(hidden, hidden, bias=False)
+                                              for _ in range(4))
+            self.gate, self.up = (nn.Linear(hidden, ffn, bias=False) for _ in range(2))
+            self.down = nn.Linear(ffn, hidden, bias=False)
+            self.n1, self.n2 = nn.Parameter(torch.ones(hidden)), nn.Parameter(torch.ones(hidden))
+
+        def _rms(self, x: Any, w: Any) -> Any:
+            return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w
+
+        def forward(self, x: Any, k_cache: Any, v_cache: Any) -> Any:
+            d = self.hidden // self.heads
+            h = self._rms(x, self.n1)
+            q = self.q(h).reshape(1, 1, self.heads, d).transpose(1, 2)
+            k = torch.cat([k_cache, self.k(h).reshape(1, 1, self.heads, d).transpose(1, 2)], 2)
+            v = torch.cat([v_cache, self.v(h).reshape(1, 1, self.heads, d).transpose(1, 2)], 2)
+            att = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(d), -1)
+            x = x + self.o((att @ v).transpose(1, 2).reshape(1, 1, self.hidden))
+            h = self._rms(x, self.n2)
+            return x + self.down(F.silu(self.gate(h)) * self.up(h))
+
+        def inputs(self) -> tuple[Any, ...]:
+            d = self.hidden // self.heads
+            return (torch.randn(1, 1, self.hidden),
+                    torch.randn(1, self.heads, self.cache, d),
+                    torch.randn(1, self.heads, self.cache, d))
+
+    class Block(nn.Module):
+        def __init__(self, cin: int, cout: int, stride: int) -> None:
+            super().__init__()
+            self.c1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
+            self.b1 = nn.BatchNorm2d(cout)
+            self.c2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
+            self.b2 = nn.BatchNorm2d(cout)
+            self.skip = (nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False),
+                                       nn.BatchNorm2d(cout))
+                         if stride != 1 or cin != cout else nn.Identity())
+
+        def forward(self, x: Any) -> Any:
+            return F.relu(self.b2(self.c2(F.relu(self.b1(self.c1(x))))) + self.skip(x))
+
+    class ResNet18(nn.Module):
+        def __init__(self, size: int, width: int) -> None:
+            super().__init__()
+            self.size = size
+            w = width
+            self.stem = nn.Sequential(nn.Conv2d(3, w, 7, 2, 3, bias=False), nn.BatchNorm2d(w),
+                                      nn.ReLU(), nn.MaxPool2d(3, 2, 1))
+            layers, cin = [], w
+            for i, cout in enumerate((w, 2 * w, 4 * w, 8 * w)):
+                layers += [Block(cin, cout, 1 if i == 0 else 2), Block(cout, cout, 1)]
+                cin = cout
+            self.layers = nn.Sequential(*layers)
+            self.fc = nn.Linear(cin, 1000)
+
+        def forward(self, x: Any) -> Any:
+            return self.fc(self.layers(self.stem(x)).mean((2, 3)))
+
+        def inputs(self) -> tuple[Any, ...]:
+            return (torch.randn(1, 3, self.size, self.size),)
+
+    class Inverted(nn.Module):
+        def __init__(self, cin: int, cout: int, stride: int, expand: int) -> None:
+            super().__init__()
+            mid = cin * expand
+            self.res = stride == 1 and cin == cout
+            self.body = nn.Sequential(
+                nn.Conv2d(cin, mid, 1, bias=False), nn.BatchNorm2d(mid), nn.ReLU6(),
+                nn.Conv2d(mid, mid, 3, stride, 1, groups=mid, bias=False), nn.BatchNorm2d(mid),
+                nn.ReLU6(), nn.Conv2d(mid, cout, 1, bias=False), nn.BatchNorm2d(cout))
+
+        def forward(self, x: Any) -> Any:
+            return x + self.body(x) if self.res else self.body(x)
+
+    class MobileNetV2(nn.Module):
+        def __init__(self, size: int, width: int) -> None:
+            super().__init__()
+            self.size = size
+            w = width
+            cfg = [(1, w // 2, 1, 1), (6, w * 3 // 4, 2, 2), (6, w, 3, 2), (6, 2 * w, 4, 2),
+                   (6, 3 * w, 3, 1), (6, 5 * w, 3, 2), (6, 10 * w, 1, 1)]
+            layers: list[Any] = [nn.Conv2d(3, w, 3, 2, 1, bias=False), nn.BatchNorm2d(w),
+                                 nn.ReLU6()]
+            cin = w
+            for t, c, n, s in cfg:
+                for i in range(n):
+                    layers.append(Inverted(cin, c, s if i == 0 else 1, t))
+                    cin = c
+            layers += [nn.Conv2d(cin, 40 * w, 1, bias=False), nn.BatchNorm2d(40 * w), nn.ReLU6()]
+            self.features = nn.Sequential(*layers)
+            self.fc = nn.Linear(40 * w, 1000)
+
+        def forward(self, x: Any) -> Any:
+            return self.fc(self.features(x).mean((2, 3)))
+
+        def inputs(self) -> tuple[Any, ...]:
+            return (torch.randn(1, 3, self.size, self.size),)
+
+    return {"bert": Bert, "llama": Llama, "resnet": ResNet18, "mobilenet": MobileNetV2}
+
+
+def _tune_tunefarm(mod: Any, tasks: list[Any], target: dict[str, Any], trials: int,
+                   work: Path, log: Any) -> tuple[Any, dict[str, Any]]:
+    from tuner.db import Store
+    from tuner.db.ms_database import TunefarmDatabase
+    from tuner.measure import MeasureOptions
+    from tuner.model.job import ModelProgress, ModelRequest, ModelTuner
+    from tuner.model.pipeline import build
+    from workers.local import LocalMeasurer
+
+    store = Store(f"sqlite:///{work / 'tunefarm.db'}")
+
+    def progress(p: ModelProgress) -> None:
+        est = f"{p.estimate_s * 1e3:.3f} ms" if p.estimate_s else "-"
+        log(f"    tunefarm [{p.trials}/{p.total}] estimate {est}  {p.message}")
+
+    t0 = time.monotonic()
+    with LocalMeasurer() as measurer:
+        summary = ModelTuner(store, measurer, on_progress=progress).run(ModelRequest(
+            tasks=tasks, target=target, trials=trials * len(tasks),
+            options=MeasureOptions.from_settings(_settings(), target)))
+    wall = time.monotonic() - t0
+    built = build(mod, target, TunefarmDatabase(store, ranking="median"))
+    return built.executable, {"tuning_s": wall, "trials": summary.trials,
+                              "untuned": built.untuned, "estimate_s": summary.estimate_s}
+
+
+def _settings() -> Any:
+    from tuner.config import get_settings
+
+    return get_settings()
+
+
+def _tune_metaschedule(part: Any, n_tasks: int, target: Any, trials: int,
+                       work: Path) -> tuple[Any, dict[str, Any]]:
+    from tuner.tvm_api import ms, relax, tvm
+
+    t0 = time.monotonic()
+    db = ms.relax_integration.tune_relax(
+        mod=part, params={}, target=target, work_dir=str(work / "ms"),
+        max_trials_global=trials * n_tasks, max_trials_per_task=trials)
+    wall = time.monotonic() - t0
+    with target, db:
+        applied = relax.transform.MetaScheduleApplyDatabase()(part)
+    return tvm.compile(applied, target=target), {"tuning_s": wall, "trials": len(db)}
+
+
+def run_models(args: Any) -> int:
+    import torch
+
+    from tuner.model.pipeline import extract, partition
+    from tuner.tvm_api import host_target_dict, make_target, relax_from_exported_program
+    from tuner.tvm_api import tvm as tvm_mod
+
+    torch.manual_seed(args.seed)
+    torch.set_num_threads(args.threads)
+    scale = SCALES[args.scale]
+    names = args.only.split(",") if args.only else list(scale)
+    target = host_target_dict(args.threads) if args.target == "host" else json.loads(args.target)
+    tgt = make_target(target)
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    results: dict[str, Any] = {}
+    for name in names:
+        net = _models(torch)[name](**scale[name]).eval()
+        inputs = net.inputs()
+        with torch.no_grad():
+            reference = [net(*inputs).numpy()]
+            program = torch.export.export(net, inputs)
+        mod = relax_from_exported_program(program)
+        part = partition(mod, tgt)
+        tasks = extract(part, tgt)
+        print(f"== {name} ({args.scale}): {len(tasks)} tasks, "
+              f"{sum(t.weight for t in tasks)} calls", flush=True)
+        work = Path(tempfile.mkdtemp(prefix=f"bench-{name}-"))
+        tf_exe, tf_info = _tune_tunefarm(mod, tasks, target, args.trials, work,
+                                         lambda m: print(m, flush=True))
+        print(f"    tunefarm tuned in {tf_info['tuning_s']:.0f} s", flush=True)
+        ms_exe, ms_info = (None, {}) if args.skip_ms else _tune_metaschedule(
+            part, len(tasks), tgt, args.trials, work)
+        if ms_exe is not None:
+            print(f"    MetaSchedule tuned in {ms_info['tuning_s']:.0f} s", flush=True)
+        exes = {"tunefarm": tf_exe, "metaschedule": ms_exe,
+                "tvm-untuned": tvm_mod.compile(part, target=tgt)}
+        timed = _time(exes, net, inputs, reference, args, torch)
+        results[name] = {"scale": args.scale, "tasks": len(tasks), "trials_per_task": args.trials,
+                         "tunefarm": tf_info, "metaschedule": ms_info, "timing": timed}
+        (out_dir / "models.json").write_text(json.dumps(results, indent=2, default=str))
+        row = {k: v.get("median_s") for k, v in timed.items()}
+        print(f"    {name}: " + "  ".join(f"{k} {v * 1e3:.3f} ms" for k, v in row.items() if v),
+              flush=True)
+    _summary(results, out_dir)
+    return 0
+
+
+def _time(exes: dict[str, Any], net: Any, inputs: tuple[Any, ...], reference: list[Any],
+          args: Any, torch: Any) -> dict[str, Any]:
+    """The compiled models, PyTorch eager and torch.compile timed interleaved."""
+    from bench.timing import Variant, time_interleaved
+    from tuner.tvm_api import relax, tvm
+
+    tvm_in = [tvm.runtime.tensor(t.numpy()) for t in inputs]
+    variants = []
+    for label, exe in exes.items():
+        if exe is not None:
+            vm = relax.VirtualMachine(exe, tvm.cpu())
+            variants.append(Variant(label, fn=lambda vm=vm: vm["main"](*tvm_in)))
+    with torch.no_grad():
+        variants.append(Variant("pytorch", fn=lambda: net(*inputs).detach()))
+        if not args.no_torch:
+            compiled = torch.compile(net)
+            variants.append(Variant("torch.compile", fn=lambda: compiled(*inputs).detach()))
+        return time_interleaved(variants, reference, 1e-3, 1e-3, rounds=args.rounds,
+                                min_ms=args.min_ms)
+
+
+def _summary(results: dict[str, Any], out_dir: Path) -> None:
+    lines = ["| model | tasks | tunefarm | MetaSchedule | tf/MS | untuned | PyTorch | "
+             "torch.compile | tf tuning s | MS tuning s |", "|" + "---|" * 10]
+    for name, r in results.items():
+        t = {k: v.get("median_s") for k, v in r["timing"].items()}
+
+        def ms(x: float | None) -> str:
+            return f"{x * 1e3:.3f} ms" if x else "-"
+
+        ratio = (f"{t['tunefarm'] / t['metaschedule']:.2f}"
+                 if t.get("tunefarm") and t.get("metaschedule") else "-")
+        lines.append(f"| {name} ({r['scale']}) | {r['tasks']} | {ms(t.get('tunefarm'))} | "
+                     f"{ms(t.get('metaschedule'))} | {ratio} | {ms(t.get('tvm-untuned'))} | "
+                     f"{ms(t.get('pytorch'))} | {ms(t.get('torch.compile'))} | "
+                     f"{r['tunefarm'].get('tuning_s', 0):.0f} | "
+                     f"{r['metaschedule'].get('tuning_s', 0):.0f} |")
+    text = "\n".join(lines) + "\n"
+    (out_dir / "models.md").write_text(text)
+    print(text)
+

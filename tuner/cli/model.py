@@ -1,0 +1,143 @@
+"""`tunefarm` commands for whole models and for TVM interop: tune-model, build (the embedded
+engine, on this machine), db export, db import. Plain functions; `tuner/cli/__init__.py`
+registers them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+
+from tuner.cli.common import DbOpt, TargetOpt, console, fail, fmt_s, open_store, target_arg
+from tuner.config import get_settings
+from tuner.errors import SpecError, TunefarmError
+
+ModelArg = Annotated[Path, typer.Argument(
+    help="A torch.export program (.pt2), a Python file with model() [and example_inputs()], "
+         "or a relax module in TVMScript.")]
+
+
+def _tasks_table(tasks: list[Any], title: str) -> Table:
+    table = Table("task", "calls", "trials", "best", "weighted", title=title)
+    for t in tasks:
+        weighted = fmt_s(t.best_s * t.weight) if t.best_s is not None else "-"
+        table.add_row(t.name, str(t.weight), str(t.trials), fmt_s(t.best_s), weighted)
+    return table
+
+
+def tune_model(
+    model: ModelArg, target: TargetOpt = "host",
+    trials: Annotated[int, typer.Option(min=1, help="Trial budget of the whole model.")] = 256,
+    round_trials: Annotated[int, typer.Option(
+        min=1, help="Trials one task gets per round of the task scheduler.")] = 16,
+    device_key: Annotated[str, typer.Option(help="Board class measured on.")] = "local",
+    seed: Annotated[int | None, typer.Option(help="Search seed.")] = None,
+    wall_budget_s: Annotated[float | None, typer.Option(
+        min=1, help="Start no new round after this many seconds.")] = None,
+    db: DbOpt = None,
+) -> None:
+    """Tune every task of a model on this machine, one budget spread by a gradient-based task
+    scheduler; run it again to go on after an interruption."""
+    from tuner.measure import MeasureOptions
+    from tuner.model.job import ModelProgress, ModelRequest, ModelTuner
+    from tuner.model.load import load_model
+    from tuner.model.pipeline import extract, partition
+    from workers.local import LocalMeasurer
+
+    s = get_settings()
+    try:
+        tgt = target_arg(target, runnable_here=True)
+        tasks = extract(partition(load_model(model), tgt), tgt)
+        if not tasks:
+            raise SpecError(f"{model} has no operator to tune", field="model")
+        store = open_store(db)
+        req = ModelRequest(tasks=tasks, target=tgt, trials=trials, device_key=device_key,
+                           round_trials=round_trials, batch_size=s.job_batch_size(None),
+                           seed=s.job_seed(seed), wall_budget_s=wall_budget_s,
+                           options=MeasureOptions.from_settings(s, tgt))
+    except TunefarmError as exc:
+        fail(exc)
+    console.print(f"[bold]{model}[/]: {len(tasks)} tasks, {sum(t.weight for t in tasks)} calls "
+                  f"per run; {trials} trials", highlight=False, soft_wrap=True)
+
+    def on_progress(p: ModelProgress) -> None:
+        console.print(f"[{p.trials:>5}/{p.total}] model estimate {fmt_s(p.estimate_s)}  "
+                      f"{p.message}", highlight=False, soft_wrap=True)
+
+    with LocalMeasurer() as measurer:
+        try:
+            summary = ModelTuner(store, measurer, on_progress=on_progress).run(req)
+        except TunefarmError as exc:
+            fail(exc)
+    console.print(_tasks_table(summary.tasks, "model tuning summary"))
+    console.print(f"estimated model latency {fmt_s(summary.first_estimate_s)} -> "
+                  f"{fmt_s(summary.estimate_s)}; {summary.trials} trials in {summary.rounds} "
+                  f"rounds, {summary.wall_s:.1f} s ({summary.stop_reason})",
+                  highlight=False, soft_wrap=True)
+
+
+def build(
+    model: ModelArg, target: TargetOpt = "host",
+    output: Annotated[Path, typer.Option("-o", "--output", help="Library to write (.so).")] = Path(
+        "model.so"),
+    device_key: Annotated[str, typer.Option(help="Board class whose records to use.")] = "local",
+    db: DbOpt = None,
+) -> None:
+    """Compile a model with the tuned schedules of the database (relax VM executable)."""
+    from tuner.db.ms_database import TunefarmDatabase
+    from tuner.model.load import load_model
+    from tuner.model.pipeline import build as build_model
+
+    try:
+        tgt = target_arg(target)
+        # the record `tunefarm best` and GET /v1/best show: the fastest by median time
+        built = build_model(load_model(model), tgt,
+                            TunefarmDatabase(open_store(db), device_key, ranking="median"))
+    except TunefarmError as exc:
+        fail(exc)
+    built.executable.export_library(str(output))
+    tuned = len(built.tasks) - len(built.untuned)
+    console.print(f"wrote {output}: {tuned} of {len(built.tasks)} tasks with a tuned schedule",
+                  highlight=False, soft_wrap=True)
+    for name in built.untuned:
+        console.print(f"  no record, default schedule: {name}", highlight=False, soft_wrap=True)
+
+
+def db_export(
+    directory: Annotated[Path, typer.Argument(help="Directory to write.")],
+    fmt: Annotated[str, typer.Option("--format", help="Only 'metaschedule'.")] = "metaschedule",
+    db: DbOpt = None,
+) -> None:
+    """Write every record as a MetaSchedule JSONDatabase (database_workload.json and
+    database_tuning_record.json), which ms.database.JSONDatabase loads."""
+    from tuner.db.ms_json import export_metaschedule
+
+    if fmt != "metaschedule":
+        fail(SpecError(f"unknown format {fmt!r}: only 'metaschedule'", field="format"))
+    try:
+        done = export_metaschedule(open_store(db), directory)
+    except TunefarmError as exc:
+        fail(exc)
+    console.print(f"exported {done.written} records to {directory}",
+                  highlight=False, soft_wrap=True)
+
+
+def db_import(
+    directory: Annotated[Path, typer.Argument(help="A MetaSchedule JSONDatabase directory.")],
+    device_key: Annotated[str, typer.Option(help="Board class the records were measured on.")]
+    = "local",
+    db: DbOpt = None,
+) -> None:
+    """Merge a MetaSchedule JSONDatabase directory: every record kept, none added twice."""
+    from tuner.db.ms_json import import_metaschedule
+
+    try:
+        done = import_metaschedule(open_store(db), directory, device_key=device_key)
+    except FileNotFoundError as exc:
+        fail(SpecError(str(exc), field="directory"))
+    except TunefarmError as exc:
+        fail(exc)
+    console.print(f"read {done.read} records from {directory}, added {done.written} "
+                  f"({done.read - done.written} already stored)", highlight=False, soft_wrap=True)

@@ -1,0 +1,3 @@
+"""Whole models: read a model on the user's machine (`load`), partition it into the PrimFuncs a
+build looks up (`pipeline`), spend one trial budget across them (`scheduler`, `job`), and build
+it with the tuning database applied (`pipeline.build`)."""

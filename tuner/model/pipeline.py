@@ -1,0 +1,87 @@
+"""The one relax pipeline a model goes through, for extraction and for the build alike, so the
+tasks tuned are exactly the PrimFuncs the build looks up:
+
+    partition   DecomposeOpsForInference, CanonicalizeBindings, LegalizeOps,
+                AnnotateTIROpPattern, FoldConstant, FuseOps, FuseTIR, and
+                AttachAttrLayoutFreeBuffers (weights bound as constants may be packed)
+    extract     MetaSchedule's task extraction; tasks computing the same thing
+                (`tuner.workloads.identity`) merge, their call counts summed as the weight
+    build       partition, MetaScheduleApplyDatabase with a `TunefarmDatabase`, the packing of
+                constant weights split out and folded (SplitLayoutRewritePreproc,
+                FoldConstant), then `tvm.compile`. A task without a record keeps relax's
+                default loops (correct, slow); `build` names them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ..tvm_api import make_target, ms, relax, tvm
+from ..workloads.identity import identity_hash
+
+__all__ = ["Built", "ModelTask", "apply", "build", "extract", "partition"]
+
+
+@dataclass(frozen=True)
+class ModelTask:
+    """One distinct PrimFunc of a partitioned model."""
+
+    name: str  # relax's name of the first function found (e.g. fused_matmul_add_gelu)
+    func: Any  # the PrimFunc, as MetaSchedule normalizes it (global symbol "main")
+    weight: int  # how many times one run of the model calls it
+    identity: str  # `tuner.workloads.identity.identity_hash`: what it computes
+
+
+@dataclass(frozen=True)
+class Built:
+    executable: Any  # relax VM executable
+    tasks: list[ModelTask]
+    untuned: list[str]  # names of the tasks that had no record: relax's default loops
+
+
+def partition(mod: Any, target: Any) -> Any:
+    """The model with every operator legalized to TIR and fused into tasks."""
+    target = make_target(target) if not isinstance(target, tvm.target.Target) else target
+    passes = [relax.transform.DecomposeOpsForInference(), relax.transform.CanonicalizeBindings(),
+              relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern(),
+              relax.transform.FoldConstant(), relax.transform.FuseOps(),
+              relax.transform.FuseTIR(), relax.transform.AttachAttrLayoutFreeBuffers()]
+    with target:
+        return tvm.transform.Sequential(passes)(mod)
+
+
+def extract(partitioned: Any, target: Any) -> list[ModelTask]:
+    """The distinct tasks of a partitioned model, heaviest (weight) first, then by name."""
+    target = make_target(target) if not isinstance(target, tvm.target.Target) else target
+    merged: dict[str, ModelTask] = {}
+    for t in ms.relax_integration.extract_tasks(partitioned, target):
+        func = t.dispatched[0]["main"]
+        ident = identity_hash(func)
+        prev = merged.get(ident)
+        merged[ident] = (ModelTask(t.task_name, func, int(t.weight), ident) if prev is None
+                         else ModelTask(prev.name, prev.func, prev.weight + int(t.weight), ident))
+    return sorted(merged.values(), key=lambda t: (-t.weight, t.name))
+
+
+def apply(mod: Any, target: Any, database: Any) -> tuple[Any, list[ModelTask], list[str]]:
+    """(the partitioned model with `database`'s schedules applied and constant weights' packing
+    folded, its tasks, the names of those without a record). `database`: any MetaSchedule
+    database (`TunefarmDatabase` over SQL, `api.client.ms_database.RemoteDatabase`)."""
+    target = make_target(target) if not isinstance(target, tvm.target.Target) else target
+    part = partition(mod, target)
+    tasks = extract(part, target)
+    untuned = [t.name for t in tasks
+               if database.query_tuning_record(tvm.IRModule({"main": t.func}), target,
+                                               t.name) is None]
+    with target, database:
+        applied = relax.transform.MetaScheduleApplyDatabase()(part)
+    applied = relax.transform.FoldConstant()(relax.transform.SplitLayoutRewritePreproc()(applied))
+    return applied, tasks, untuned
+
+
+def build(mod: Any, target: Any, database: Any) -> Built:
+    """Compile the model for `target` with `database`'s schedules."""
+    target = make_target(target) if not isinstance(target, tvm.target.Target) else target
+    applied, tasks, untuned = apply(mod, target, database)
+    return Built(tvm.compile(applied, target=target), tasks, untuned)
