@@ -24,6 +24,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "file with a list of {id, title, spec, peak}")
     p.add_argument("--scale", default="full", choices=["full", "small"],
                    help="--suite models: the models' size (small: minutes instead of hours)")
+    p.add_argument("--fast-math", action="store_true",
+                   help="--suite models: GELU's erf/tanh as vectorizable approximations")
     p.add_argument("--trials", type=int, default=64, help="trial budget of each tuner (64)")
     p.add_argument("--only", help="comma-separated workload ids, e.g. P1,P7")
     p.add_argument("--out", default=str(REPO / "bench" / "results"),

@@ -10,8 +10,10 @@ one process:
 - TVM untuned: the partitioned module compiled as is;
 - PyTorch eager and `torch.compile` (inductor).
 All five are timed interleaved (`bench.timing`), every output checked against PyTorch eager.
-`--scale small` shrinks each model (hidden sizes, sequence, channels) to make a run take minutes
-instead of hours; RESULTS.md says which scale a figure is from.
+`--fast-math` partitions with GELU's erf/tanh approximated (`tuner.model.fastmath`; every
+TVM variant then uses it). `--scale small` shrinks each model (hidden sizes, sequence,
+channels) to make a run take minutes instead of hours; RESULTS.md says which scale a figure is
+from.
 """
 
 from __future__ import annotations
@@ -168,7 +170,7 @@ def _models(torch: Any) -> dict[str, Any]:
 
 
 def _tune_tunefarm(mod: Any, tasks: list[Any], target: dict[str, Any], trials: int,
-                   work: Path, log: Any) -> tuple[Any, dict[str, Any]]:
+                   work: Path, log: Any, fast_math: bool) -> tuple[Any, dict[str, Any]]:
     from tuner.db import Store
     from tuner.db.ms_database import TunefarmDatabase
     from tuner.measure import MeasureOptions
@@ -188,7 +190,7 @@ def _tune_tunefarm(mod: Any, tasks: list[Any], target: dict[str, Any], trials: i
             tasks=tasks, target=target, trials=trials * len(tasks),
             options=MeasureOptions.from_settings(_settings(), target)))
     wall = time.monotonic() - t0
-    built = build(mod, target, TunefarmDatabase(store, ranking="median"))
+    built = build(mod, target, TunefarmDatabase(store, ranking="median"), fast_math=fast_math)
     return built.executable, {"tuning_s": wall, "trials": summary.trials,
                               "untuned": built.untuned, "estimate_s": summary.estimate_s}
 
@@ -236,13 +238,13 @@ def run_models(args: Any) -> int:
             reference = [net(*inputs).numpy()]
             program = torch.export.export(net, inputs)
         mod = relax_from_exported_program(program)
-        part = partition(mod, tgt)
+        part = partition(mod, tgt, fast_math=args.fast_math)
         tasks = extract(part, tgt)
         print(f"== {name} ({args.scale}): {len(tasks)} tasks, "
               f"{sum(t.weight for t in tasks)} calls", flush=True)
         work = Path(tempfile.mkdtemp(prefix=f"bench-{name}-"))
         tf_exe, tf_info = _tune_tunefarm(mod, tasks, target, args.trials, work,
-                                         lambda m: print(m, flush=True))
+                                         lambda m: print(m, flush=True), args.fast_math)
         print(f"    tunefarm tuned in {tf_info['tuning_s']:.0f} s", flush=True)
         ms_exe, ms_info = (None, {}) if args.skip_ms else _tune_metaschedule(
             part, len(tasks), tgt, args.trials, work)
@@ -251,7 +253,8 @@ def run_models(args: Any) -> int:
         exes = {"tunefarm": tf_exe, "metaschedule": ms_exe,
                 "tvm-untuned": tvm_mod.compile(part, target=tgt)}
         timed = _time(exes, net, inputs, reference, args, torch)
-        results[name] = {"scale": args.scale, "tasks": len(tasks), "trials_per_task": args.trials,
+        results[name] = {"scale": args.scale, "fast_math": args.fast_math, "tasks": len(tasks),
+                         "trials_per_task": args.trials,
                          "tunefarm": tf_info, "metaschedule": ms_info, "timing": timed}
         (out_dir / "models.json").write_text(json.dumps(results, indent=2, default=str))
         row = {k: v.get("median_s") for k, v in timed.items()}

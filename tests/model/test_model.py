@@ -207,3 +207,31 @@ def test_a_killed_model_job_resumes_without_measuring_twice(model_py: Path,
     assert len(rows) == 24  # the budget, counting what the killed run committed
     per_candidate = Counter((r.workload_id, r.cand_hash) for r in rows)
     assert max(per_candidate.values()) == 1  # no candidate measured twice
+
+
+@pytest.mark.parametrize("act", ["gelu", "gelu_tanh"])
+def test_fast_math_gelu_computes_gelu_without_libm_calls(tmp_path: Path, act: str) -> None:
+    from tuner.db import Store
+    from tuner.db.ms_database import TunefarmDatabase
+    from tuner.model.pipeline import build
+
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((16, 256), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            out = bb.emit_output(getattr(relax.op.nn, act)(x))
+        bb.emit_func_output(out)
+    mod = bb.get()
+    target = make_target("host")
+    plain = extract(partition(mod, target), target)
+    fast = extract(partition(mod, target, fast_math=True), target)
+    libm = "T.erf(" if act == "gelu" else "T.tanh("
+    assert any(libm in t.func.script() for t in plain)
+    assert not any(libm in t.func.script() for t in fast)
+    db = TunefarmDatabase(Store(f"sqlite:///{tmp_path / 'tf.db'}"))
+    xs = np.random.default_rng(0).uniform(-6, 6, (16, 256)).astype("float32")
+    outs = []
+    for fm in (False, True):
+        vm = relax.VirtualMachine(build(mod, target, db, fast_math=fm).executable, tvm.cpu())
+        outs.append(vm["main"](tvm.runtime.tensor(xs)).numpy())
+    np.testing.assert_allclose(outs[1], outs[0], rtol=1e-5, atol=1e-6)

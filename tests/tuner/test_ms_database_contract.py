@@ -44,14 +44,17 @@ def _matmul_then(epilogue: str | None, n: int = N) -> Any:
     return tvm.IRModule({"main": te.create_prim_func([a, b, e, d])})
 
 
-def _tiled(mod: Any) -> Any:
-    """A real schedule of the matmul block "C" (tiles, reorder, a vectorized inner loop)."""
+def _tiled(mod: Any, block: str = "C", lanes: int = 8, epilogue: str | None = None) -> Any:
+    """A real schedule of the matmul `block` (tiles, reorder, a vectorized inner loop), the
+    `epilogue` block, if named, computed under its tiles."""
     sch = Schedule(mod)
-    i, j, kk = sch.get_loops(sch.get_sblock("C"))
+    i, j, kk = sch.get_loops(sch.get_sblock(block))
     i0, i1 = sch.split(i, [None, 4])
-    j0, j1 = sch.split(j, [None, 8])
+    j0, j1 = sch.split(j, [None, lanes])
     sch.reorder(i0, j0, kk, i1, j1)
     sch.vectorize(j1)
+    if epilogue is not None:
+        sch.reverse_compute_at(sch.get_sblock(epilogue), j0)
     return sch
 
 
@@ -271,8 +274,7 @@ def test_a_trace_of_the_anchor_block_alone_replays_onto_another_epilogue(store: 
 def test_anchor_block_lets_another_epilogue_reuse_a_schedule(store: Store) -> None:
     relu, add = _matmul_then("relu"), _matmul_then("add")
     target = make_target(host_target_dict())  # built and run below
-    tuned = _tiled(relu)  # and the relu fused under the tiles: the trace names block "relu"
-    tuned.reverse_compute_at(tuned.get_sblock("relu"), tuned.get_loops(tuned.get_sblock("C"))[1])
+    tuned = _tiled(relu, epilogue="relu")  # the trace names block "relu"
     TunefarmDatabase(store).commit_tuning_record(
         _record(TunefarmDatabase(store), relu, tuned.trace, [1e-5], target))
 
@@ -307,13 +309,7 @@ def test_relax_builds_a_fused_task_with_the_schedule_of_another_epilogue(store: 
     target = make_target(host_target_dict())
     (task,) = tasks({"x": (m, k), "w": (k, n)}, {},
                     lambda bb, x, w: relax.op.nn.relu(relax.op.matmul(x, w))).values()
-    sch = Schedule(task)
-    i, j, kk = sch.get_loops(sch.get_sblock("matmul"))
-    i0, i1 = sch.split(i, [None, 4])
-    j0, j1 = sch.split(j, [None, 16])
-    sch.reorder(i0, j0, kk, i1, j1)
-    sch.vectorize(j1)
-    sch.reverse_compute_at(sch.get_sblock("compute"), j0)  # relax's name for the relu block
+    sch = _tiled(task, "matmul", 16, epilogue="compute")  # relax's name for the relu block
     writer = TunefarmDatabase(store)
     writer.commit_tuning_record(_record(writer, tvm.IRModule({"main": task}), sch.trace, [1e-5],
                                         target))

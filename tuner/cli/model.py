@@ -17,6 +17,9 @@ from tuner.errors import SpecError, TunefarmError
 ModelArg = Annotated[Path, typer.Argument(
     help="A torch.export program (.pt2), a Python file with model() [and example_inputs()], "
          "or a relax module in TVMScript.")]
+FastMathOpt = Annotated[bool, typer.Option(
+    "--fast-math", help="GELU's erf and tanh as vectorizable approximations (about 1e-6 "
+                        "relative error); give it to tune-model and build alike.")]
 
 
 def _tasks_table(tasks: list[Any], title: str) -> Table:
@@ -36,6 +39,7 @@ def tune_model(
     seed: Annotated[int | None, typer.Option(help="Search seed.")] = None,
     wall_budget_s: Annotated[float | None, typer.Option(
         min=1, help="Start no new round after this many seconds.")] = None,
+    fast_math: FastMathOpt = False,
     db: DbOpt = None,
 ) -> None:
     """Tune every task of a model on this machine, one budget spread by a gradient-based task
@@ -49,7 +53,7 @@ def tune_model(
     s = get_settings()
     try:
         tgt = target_arg(target, runnable_here=True)
-        tasks = extract(partition(load_model(model), tgt), tgt)
+        tasks = extract(partition(load_model(model), tgt, fast_math=fast_math), tgt)
         if not tasks:
             raise SpecError(f"{model} has no operator to tune", field="model")
         store = open_store(db)
@@ -83,6 +87,7 @@ def build(
     output: Annotated[Path, typer.Option("-o", "--output", help="Library to write (.so).")] = Path(
         "model.so"),
     device_key: Annotated[str, typer.Option(help="Board class whose records to use.")] = "local",
+    fast_math: FastMathOpt = False,
     db: DbOpt = None,
 ) -> None:
     """Compile a model with the tuned schedules of the database (relax VM executable)."""
@@ -94,7 +99,8 @@ def build(
         tgt = target_arg(target)
         # the record `tunefarm best` and GET /v1/best show: the fastest by median time
         built = build_model(load_model(model), tgt,
-                            TunefarmDatabase(open_store(db), device_key, ranking="median"))
+                            TunefarmDatabase(open_store(db), device_key, ranking="median"),
+                            fast_math=fast_math)
     except TunefarmError as exc:
         fail(exc)
     built.executable.export_library(str(output))

@@ -19,6 +19,7 @@ from typing import Any
 
 from ..tvm_api import make_target, ms, relax, tvm
 from ..workloads.identity import identity_hash
+from .fastmath import FastGelu
 
 __all__ = ["Built", "ModelTask", "apply", "build", "extract", "partition"]
 
@@ -40,10 +41,12 @@ class Built:
     untuned: list[str]  # names of the tasks that had no record: relax's default loops
 
 
-def partition(mod: Any, target: Any) -> Any:
-    """The model with every operator legalized to TIR and fused into tasks."""
+def partition(mod: Any, target: Any, *, fast_math: bool = False) -> Any:
+    """The model with every operator legalized to TIR and fused into tasks; `fast_math`:
+    GELU, erf and tanh as vectorizable approximations (`tuner.model.fastmath`)."""
     target = make_target(target) if not isinstance(target, tvm.target.Target) else target
-    passes = [relax.transform.DecomposeOpsForInference(), relax.transform.CanonicalizeBindings(),
+    passes = [*([FastGelu()] if fast_math else []),
+              relax.transform.DecomposeOpsForInference(), relax.transform.CanonicalizeBindings(),
               relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern(),
               relax.transform.FoldConstant(), relax.transform.FuseOps(),
               relax.transform.FuseTIR(), relax.transform.AttachAttrLayoutFreeBuffers()]
@@ -64,12 +67,13 @@ def extract(partitioned: Any, target: Any) -> list[ModelTask]:
     return sorted(merged.values(), key=lambda t: (-t.weight, t.name))
 
 
-def apply(mod: Any, target: Any, database: Any) -> tuple[Any, list[ModelTask], list[str]]:
+def apply(mod: Any, target: Any, database: Any, *,
+          fast_math: bool = False) -> tuple[Any, list[ModelTask], list[str]]:
     """(the partitioned model with `database`'s schedules applied and constant weights' packing
     folded, its tasks, the names of those without a record). `database`: any MetaSchedule
     database (`TunefarmDatabase` over SQL, `api.client.ms_database.RemoteDatabase`)."""
     target = make_target(target) if not isinstance(target, tvm.target.Target) else target
-    part = partition(mod, target)
+    part = partition(mod, target, fast_math=fast_math)
     tasks = extract(part, target)
     untuned = [t.name for t in tasks
                if database.query_tuning_record(tvm.IRModule({"main": t.func}), target,
@@ -80,8 +84,8 @@ def apply(mod: Any, target: Any, database: Any) -> tuple[Any, list[ModelTask], l
     return applied, tasks, untuned
 
 
-def build(mod: Any, target: Any, database: Any) -> Built:
+def build(mod: Any, target: Any, database: Any, *, fast_math: bool = False) -> Built:
     """Compile the model for `target` with `database`'s schedules."""
     target = make_target(target) if not isinstance(target, tvm.target.Target) else target
-    applied, tasks, untuned = apply(mod, target, database)
+    applied, tasks, untuned = apply(mod, target, database, fast_math=fast_math)
     return Built(tvm.compile(applied, target=target), tasks, untuned)
