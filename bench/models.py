@@ -275,7 +275,8 @@ def _time(exes: dict[str, Any], net: Any, inputs: tuple[Any, ...], reference: li
     for label, exe in exes.items():
         if exe is not None:
             vm = relax.VirtualMachine(exe, tvm.cpu())
-            variants.append(Variant(label, fn=lambda vm=vm: vm["main"](*tvm_in)))
+            # from_exported_program returns a tuple: the model has one output
+            variants.append(Variant(label, fn=lambda vm=vm: vm["main"](*tvm_in)[0]))
     with torch.no_grad():
         variants.append(Variant("pytorch", fn=lambda: net(*inputs).detach()))
         if not args.no_torch:
