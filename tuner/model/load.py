@@ -64,6 +64,9 @@ def _from_python(p: Path) -> Any:
     obj = make()
     if isinstance(obj, tvm.IRModule):
         return _checked(obj, p)
+    if not type(obj).__module__.startswith("torch"):
+        raise SpecError(f"{p}: model() returned a {type(obj).__name__}, not a relax IRModule or "
+                        "a torch.nn.Module", field="model")
     torch = _torch(p)
     if not isinstance(obj, torch.nn.Module):
         raise SpecError(f"{p}: model() returned a {type(obj).__name__}, not a relax IRModule or "
