@@ -65,6 +65,14 @@ def _record(db: Any, mod: Any, trace: Any, run_secs: list[float] | None,
         ms.arg_info.ArgInfo.from_prim_func(mod["main"]))
 
 
+def _commit_all(dbs: tuple[Any, ...], mod: Any, trace: Any,
+                runs: list[list[float] | None]) -> None:
+    """The same records, in the same order, into each database."""
+    for db in dbs:
+        for secs in runs:
+            db.commit_tuning_record(_record(db, mod, trace, secs))
+
+
 def _secs(records: list[Any]) -> list[list[float] | None]:
     return [None if r.run_secs is None else [float(x) for x in r.run_secs] for r in records]
 
@@ -102,9 +110,7 @@ def test_records_rank_by_mean_run_time_and_survive_a_reload(store: Store) -> Non
     mod = _matmul_then(None)
     trace = _tiled(mod).trace
     tf, mem = TunefarmDatabase(store), ms.database.MemoryDatabase()
-    for db in (tf, mem):
-        for secs in SORTING:
-            db.commit_tuning_record(_record(db, mod, trace, secs))
+    _commit_all((tf, mem), mod, trace, SORTING)
     expect = [[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]]  # means 2 and 5; [1.1, 1.2, 600] has median 1.2
     assert _secs(mem.get_top_k(mem.commit_workload(mod), 2)) == expect
     assert _secs(tf.get_top_k(tf.commit_workload(mod), 2)) == expect
@@ -125,9 +131,7 @@ def test_top_k_validity_and_order_match_memory_database(store: Store, k: int) ->
     mod = _matmul_then(None)
     trace = _tiled(mod).trace
     tf, mem = TunefarmDatabase(store), ms.database.MemoryDatabase()
-    for db in (tf, mem):
-        for secs in TOP_K_RUNS:
-            db.commit_tuning_record(_record(db, mod, trace, secs))
+    _commit_all((tf, mem), mod, trace, TOP_K_RUNS)
     want = [[0.0, 2.0], [2.0], [1.5, 4.5], [3.0, 1e10]][:k]
     assert _secs(mem.get_top_k(mem.commit_workload(mod), k)) == want
     assert _secs(tf.get_top_k(tf.commit_workload(mod), k)) == want

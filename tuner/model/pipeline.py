@@ -41,10 +41,15 @@ class Built:
     untuned: list[str]  # names of the tasks that had no record: relax's default loops
 
 
+def _as_target(target: Any) -> Any:
+    """A TVM Target from a spec ("host", a dict) or a Target."""
+    return target if isinstance(target, tvm.target.Target) else make_target(target)
+
+
 def partition(mod: Any, target: Any, *, fast_math: bool = False) -> Any:
     """The model with every operator legalized to TIR and fused into tasks; `fast_math`:
     GELU, erf and tanh as vectorizable approximations (`tuner.model.fastmath`)."""
-    target = make_target(target) if not isinstance(target, tvm.target.Target) else target
+    target = _as_target(target)
     passes = [*([FastGelu()] if fast_math else []),
               relax.transform.DecomposeOpsForInference(), relax.transform.CanonicalizeBindings(),
               relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern(),
@@ -56,7 +61,7 @@ def partition(mod: Any, target: Any, *, fast_math: bool = False) -> Any:
 
 def extract(partitioned: Any, target: Any) -> list[ModelTask]:
     """The distinct tasks of a partitioned model, heaviest (weight) first, then by name."""
-    target = make_target(target) if not isinstance(target, tvm.target.Target) else target
+    target = _as_target(target)
     merged: dict[str, ModelTask] = {}
     for t in ms.relax_integration.extract_tasks(partitioned, target):
         func = t.dispatched[0]["main"]
@@ -72,7 +77,7 @@ def apply(mod: Any, target: Any, database: Any, *,
     """(the partitioned model with `database`'s schedules applied and constant weights' packing
     folded, its tasks, the names of those without a record). `database`: any MetaSchedule
     database (`TunefarmDatabase` over SQL, `api.client.ms_database.RemoteDatabase`)."""
-    target = make_target(target) if not isinstance(target, tvm.target.Target) else target
+    target = _as_target(target)
     part = partition(mod, target, fast_math=fast_math)
     tasks = extract(part, target)
     untuned = [t.name for t in tasks
@@ -86,6 +91,6 @@ def apply(mod: Any, target: Any, database: Any, *,
 
 def build(mod: Any, target: Any, database: Any, *, fast_math: bool = False) -> Built:
     """Compile the model for `target` with `database`'s schedules."""
-    target = make_target(target) if not isinstance(target, tvm.target.Target) else target
+    target = _as_target(target)
     applied, tasks, untuned = apply(mod, target, database, fast_math=fast_math)
     return Built(tvm.compile(applied, target=target), tasks, untuned)
