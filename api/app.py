@@ -24,7 +24,7 @@ from . import errors
 from .context import ApiContext
 from .hygiene import BodyLimitMiddleware, NulFreeUrlMiddleware
 from .metrics import Metrics, MetricsMiddleware
-from .routes import best, health, jobs, spaces, tokens, work, workers
+from .routes import best, health, jobs, models, spaces, tokens, work, workers
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +82,7 @@ def create_app(settings: Settings | None = None, *, freeze_gc: bool = False) -> 
     app.add_middleware(NulFreeUrlMiddleware)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
     app.add_middleware(MetricsMiddleware, metrics=metrics)  # outermost: counts 413s too
-    for module in (jobs, best, spaces, workers, work, tokens, health):
+    for module in (jobs, models, best, spaces, workers, work, tokens, health):
         app.include_router(module.router)
     return app
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import redis
+from pydantic import BaseModel
 
 from tuner.db import jobs as jobs_db
 from tuner.db import workers as workers_db
@@ -39,7 +40,7 @@ class Submitted:
     created: bool  # False: an earlier request with the same Idempotency-Key made it
 
 
-def request_hash(body: JobCreate) -> str:
+def request_hash(body: BaseModel) -> str:
     canon = json.dumps(body.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(canon.encode()).hexdigest()
 
@@ -52,7 +53,7 @@ def submit(ctx: ApiContext, body: JobCreate, idempotency_key: str | None,
     rhash = request_hash(body)
     wl = ctx.resolver.workload(body.workload)
     tgt = ctx.resolver.target(body.target)
-    _check_cores(ctx, tgt.as_dict, body.device_key)
+    check_cores(ctx, tgt.as_dict, body.device_key)
     space = ctx.resolver.space(body.space, wl, tgt)
     if idempotency_key is None:  # a replay of a keyed request is answered with its job below
         jobs_db.Quotas.from_settings(ctx.settings).precheck(ctx.store, principal.owner,
@@ -82,7 +83,7 @@ def submit(ctx: ApiContext, body: JobCreate, idempotency_key: str | None,
     return Submitted(job, created)
 
 
-def _check_cores(ctx: ApiContext, target: dict[str, Any], device_key: str) -> None:
+def check_cores(ctx: ApiContext, target: dict[str, Any], device_key: str) -> None:
     """A target's `num-cores` may not pass the cores of the device key's workers (when any
     has registered): a kernel parallelised for more cores than its board has is no job."""
     cores = target.get("num-cores")

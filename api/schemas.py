@@ -14,11 +14,20 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
-from tuner.db.views import BestPublic, BestSoFar, JobPublic, RecordPublic, WorkerPublic
+from tuner.db.views import (
+    BestPublic,
+    BestSoFar,
+    JobPublic,
+    ModelPublic,
+    ModelTaskPublic,
+    RecordPublic,
+    WorkerPublic,
+)
 
 __all__ = [
     "DEVICE_KEY_PATTERN", "BestPublic", "BestSoFar", "DeviceKey", "Health", "Heartbeat",
-    "JobCreate", "JobPage", "JobPublic", "Problem", "RecordPage", "RecordPublic", "ResultCreate",
+    "JobCreate", "JobPage", "JobPublic", "ModelCreate", "ModelPage", "ModelPublic",
+    "ModelTaskCreate", "ModelTaskPublic", "Problem", "RecordPage", "RecordPublic", "ResultCreate",
     "ResultPublic", "WorkerCreate", "WorkerPublic", "WorkerRegistered",
 ]
 
@@ -96,6 +105,46 @@ class JobPage(BaseModel):
 class RecordPage(BaseModel):
     items: list[RecordPublic]
     next_cursor: str | None
+
+
+# --- model jobs ----------------------------------------------------------------------------
+
+TASK_NAME = r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$"
+MAX_MODEL_TASKS = 256
+
+
+class ModelTaskCreate(BaseModel):
+    model_config = STRICT
+
+    name: str = Field(pattern=TASK_NAME, description="The PrimFunc's name in the model.")
+    weight: int = Field(default=1, ge=1, le=1_000_000,
+                        description="Calls per run of the model (the task scheduler's weight).")
+    tvmscript: str = Field(min_length=1, pattern=NO_NUL,
+                           description="The PrimFunc as TVMScript, vetted like a `tir` workload.")
+
+
+class ModelCreate(BaseModel):
+    """A model's tasks, extracted on the client (`tunefarm tune-model --api`): the service never
+    loads a model file, only the PrimFuncs the build will look up."""
+
+    model_config = STRICT
+
+    name: str = Field(default="model", min_length=1, max_length=128, pattern=NO_NUL)
+    tasks: list[ModelTaskCreate] = Field(min_length=1, max_length=MAX_MODEL_TASKS)
+    target: Annotated[str, Field(max_length=4096, pattern=NO_NUL)] | JsonObject = Field(
+        default="host", description='"host" (the API machine\'s CPU) or a TVM target dict.')
+    device_key: str = DeviceKey
+    trials: int = Field(default=256, ge=1, le=1_000_000, description="For the whole model.")
+    round_trials: int = Field(default=16, ge=1, le=100_000,
+                              description="Trials one task gets per round.")
+    wall_budget_s: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    space: str = Field(default="default", min_length=1, max_length=64, pattern=NO_NUL)
+    batch_size: int | None = Field(default=None, ge=1, le=4096)
+    seed: int | None = Field(default=None, ge=0, le=INT64_MAX)
+
+
+class ModelPage(BaseModel):
+    items: list[ModelPublic]
 
 
 # --- workers -------------------------------------------------------------------------------

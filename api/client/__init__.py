@@ -140,6 +140,22 @@ class Client:
     def cancel_job(self, job_id: str) -> dict[str, Any]:
         return self._obj("POST", f"/v1/jobs/{job_id}/cancel")
 
+    # --- model jobs ---------------------------------------------------------------------------
+
+    def submit_model(self, body: dict[str, Any],
+                     idempotency_key: str | None = None) -> dict[str, Any]:
+        key = idempotency_key or uuid.uuid4().hex  # makes retrying the POST safe
+        return self._obj("POST", "/v1/models", json=body, headers={"Idempotency-Key": key})
+
+    def get_model(self, model_id: str) -> dict[str, Any]:
+        return self._obj("GET", f"/v1/models/{model_id}")
+
+    def list_models(self, *, limit: int = 50) -> dict[str, Any]:
+        return self._obj("GET", "/v1/models", params={"limit": limit})
+
+    def cancel_model(self, model_id: str) -> dict[str, Any]:
+        return self._obj("POST", f"/v1/models/{model_id}/cancel")
+
     def records(self, job_id: str, *, limit: int = 100,
                 cursor: str | None = None) -> dict[str, Any]:
         params: dict[str, Any] = {"limit": limit}

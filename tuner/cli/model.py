@@ -4,6 +4,7 @@ registers them."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -11,12 +12,18 @@ import typer
 from rich.table import Table
 
 from tuner.cli.common import DbOpt, TargetOpt, console, fail, fmt_s, open_store, target_arg
+from tuner.cli.service import TERMINAL, TokenOpt, client_token
 from tuner.config import get_settings
 from tuner.errors import SpecError, TunefarmError
 
 ModelArg = Annotated[Path, typer.Argument(
     help="A torch.export program (.pt2), a Python file with model() [and example_inputs()], "
          "or a relax module in TVMScript.")]
+ServiceOpt = Annotated[str | None, typer.Option(
+    "--api", help="The service's base URL: run on its farm instead of this machine.")]
+BuildApiOpt = Annotated[str | None, typer.Option(
+    "--api", help="Read the tuned schedules from the service at this base URL (GET /v1/best) "
+                  "instead of the SQL database.")]
 FastMathOpt = Annotated[bool, typer.Option(
     "--fast-math", help="GELU's erf and tanh as vectorizable approximations (about 1e-6 "
                         "relative error); give it to tune-model and build alike.")]
@@ -41,9 +48,13 @@ def tune_model(
         min=1, help="Start no new round after this many seconds.")] = None,
     fast_math: FastMathOpt = False,
     db: DbOpt = None,
+    api: ServiceOpt = None, token: TokenOpt = None,
+    follow: Annotated[bool, typer.Option(
+        help="With --api: follow the model job until it ends.")] = True,
 ) -> None:
-    """Tune every task of a model on this machine, one budget spread by a gradient-based task
-    scheduler; run it again to go on after an interruption."""
+    """Tune every task of a model, one budget spread by a gradient-based task scheduler: on
+    this machine (run it again to go on after an interruption), or with --api on the service's
+    farm (the tasks are extracted here; the service never sees the model file)."""
     from tuner.measure import MeasureOptions
     from tuner.model.job import ModelProgress, ModelRequest, ModelTuner
     from tuner.model.load import load_model
@@ -52,12 +63,22 @@ def tune_model(
 
     s = get_settings()
     try:
-        tgt = target_arg(target, runnable_here=True)
+        tgt = target_arg(target, runnable_here=api is None)
         tasks = extract(partition(load_model(model), tgt, fast_math=fast_math), tgt)
         if not tasks:
             raise SpecError(f"{model} has no operator to tune", field="model")
+        if api is not None:
+            body = {"name": model.name, "target": tgt, "device_key": device_key,
+                    "trials": trials, "round_trials": round_trials, "seed": seed,
+                    "wall_budget_s": wall_budget_s,
+                    "tasks": [{"name": t.name, "weight": t.weight, "tvmscript": t.func.script()}
+                              for t in tasks]}
+            _tune_on_service(api, token, {k: v for k, v in body.items() if v is not None},
+                             follow)
+            return
         store = open_store(db)
         req = ModelRequest(tasks=tasks, target=tgt, trials=trials, device_key=device_key,
+                           name=model.name,
                            round_trials=round_trials, batch_size=s.job_batch_size(None),
                            seed=s.job_seed(seed), wall_budget_s=wall_budget_s,
                            options=MeasureOptions.from_settings(s, tgt))
@@ -82,6 +103,50 @@ def tune_model(
                   highlight=False, soft_wrap=True)
 
 
+def _tune_on_service(api: str, token: str | None, body: dict[str, Any], follow: bool) -> None:
+    """Submit the extracted tasks as a model job (POST /v1/models) and follow it: a line each
+    time the estimated model latency changes, the task table at the end."""
+    import time
+
+    from api.client import ApiError, Client
+
+    try:
+        client = Client(api, client_token(token))
+        job = client.submit_model(body)
+    except ApiError as exc:
+        fail(TunefarmError(str(exc)))
+    console.print(f"model job [bold]{job['id']}[/] {job['state']}: {len(job['tasks'])} tasks, "
+                  f"{job['trials']} trials", highlight=False, soft_wrap=True)
+    if not follow:
+        sys.stdout.write(job["id"] + "\n")
+        return
+    shown: tuple[Any, ...] = ()
+    while True:
+        seen = (job["trials_done"], job["estimate_s"], job["message"])
+        if seen != shown:
+            console.print(f"[{job['trials_done']:>5}/{job['trials']}] model estimate "
+                          f"{fmt_s(job['estimate_s'])}  {job['message']}", highlight=False,
+                          soft_wrap=True)
+            shown = seen
+        if job["state"] in TERMINAL:
+            break
+        time.sleep(2.0)
+        try:
+            job = client.get_model(job["id"])
+        except ApiError as exc:
+            if not exc.transient:
+                fail(TunefarmError(str(exc)))
+    table = Table("task", "calls", "trials", "best", "weighted", title="model tuning summary")
+    for t in job["tasks"]:
+        best = t["best_s"]
+        table.add_row(t["name"], str(t["weight"]), str(t["trials_done"]), fmt_s(best),
+                      fmt_s(best * t["weight"]) if best is not None else "-")
+    console.print(table)
+    console.print(f"{job['state']}: {job['trials_done']} trials ({job['message']})",
+                  highlight=False, soft_wrap=True)
+    raise typer.Exit(0 if job["state"] == "SUCCEEDED" else 1)
+
+
 def build(
     model: ModelArg, target: TargetOpt = "host",
     output: Annotated[Path, typer.Option("-o", "--output", help="Library to write (.so).")] = Path(
@@ -89,20 +154,31 @@ def build(
     device_key: Annotated[str, typer.Option(help="Board class whose records to use.")] = "local",
     fast_math: FastMathOpt = False,
     db: DbOpt = None,
+    api: BuildApiOpt = None, token: TokenOpt = None,
 ) -> None:
-    """Compile a model with the tuned schedules of the database (relax VM executable)."""
-    from tuner.db.ms_database import TunefarmDatabase
+    """Compile a model with the tuned schedules of the database (relax VM executable): the SQL
+    database, or with --api the service's (GET /v1/best: only a URL and a token needed)."""
+    from api.client import ApiError
     from tuner.model.load import load_model
     from tuner.model.pipeline import build as build_model
 
     try:
         tgt = target_arg(target)
-        # the record `tunefarm best` and GET /v1/best show: the fastest by median time
-        built = build_model(load_model(model), tgt,
-                            TunefarmDatabase(open_store(db), device_key, ranking="median"),
-                            fast_math=fast_math)
+        database: Any
+        if api is not None:
+            from api.client.ms_database import RemoteDatabase
+
+            database = RemoteDatabase(api, client_token(token), device_key)
+        else:
+            from tuner.db.ms_database import TunefarmDatabase
+
+            # the record `tunefarm best` and GET /v1/best show: the fastest by median time
+            database = TunefarmDatabase(open_store(db), device_key, ranking="median")
+        built = build_model(load_model(model), tgt, database, fast_math=fast_math)
     except TunefarmError as exc:
         fail(exc)
+    except (ApiError, RuntimeError) as exc:  # RuntimeError: an ApiError raised across TVM's FFI
+        fail(TunefarmError(f"the service's database failed: {exc}"))
     built.executable.export_library(str(output))
     tuned = len(built.tasks) - len(built.untuned)
     console.print(f"wrote {output}: {tuned} of {len(built.tasks)} tasks with a tuned schedule",

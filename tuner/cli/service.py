@@ -46,7 +46,7 @@ def _settings(db: str | None = None, redis: str | None = None) -> Settings:
     return s.model_copy(update={k: v for k, v in (("database_url", db), ("redis_url", redis)) if v})
 
 
-def _client_token(token: str | None) -> str:
+def client_token(token: str | None) -> str:
     tok = token or get_settings().token
     if not tok and token_file().exists():
         tok = token_file().read_text().strip()
@@ -121,7 +121,7 @@ def worker(
     try:
         tracker = _host_port(rpc_tracker) if rpc_tracker else None
         tgt = target_arg(target, runnable_here=tracker is None)
-        run_worker(api_url=api or s.api_url, token=_client_token(token),
+        run_worker(api_url=api or s.api_url, token=client_token(token),
                    device_key=device_key, target=tgt, name=name, concurrency=concurrency,
                    rpc_tracker=tracker, rpc_key=rpc_key)
     except TunefarmError as exc:
@@ -162,7 +162,7 @@ def submit(
     try:
         body = _job_body(op, shape, param, tvmscript, target, trials=trials,
                          device_key=device_key, space=space, wall_budget_s=wall_budget)
-        client = Client(api or get_settings().api_url, _client_token(token))
+        client = Client(api or get_settings().api_url, client_token(token))
         job = client.submit_job(body, idempotency_key=idempotency_key)
     except json.JSONDecodeError as exc:
         fail(TunefarmError(f"--target: not JSON ({exc})"))

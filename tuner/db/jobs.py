@@ -144,13 +144,23 @@ class Quotas:
         """Every limit as the owner's jobs stand now (read only), so that a front end refuses
         before it writes anything (a workload, a target); `guard` checks again, atomically."""
         self.check_job(trials)
+        self.precheck_owner(store, owner, trials)
+
+    def precheck_owner(self, store: Store, owner: str, trials: int) -> None:
+        """The owner's limits only (a model job: its budget spans many task jobs)."""
         with store.session() as s:
             self._check_owner(s, owner, trials)
 
     def _check_owner(self, s: Session, owner: str, trials: int) -> None:
+        """A model job counts as one job with its whole budget (its task jobs do not count)."""
         jobs, queued = s.execute(
             select(func.count(), func.coalesce(func.sum(m.Job.trials), 0))
-            .where(m.Job.owner == owner, m.Job.state.in_(ACTIVE))).one()
+            .where(m.Job.owner == owner, m.Job.state.in_(ACTIVE), m.Job.model_id.is_(None))
+        ).one()
+        models, model_trials = s.execute(
+            select(func.count(), func.coalesce(func.sum(m.ModelJob.trials), 0))
+            .where(m.ModelJob.owner == owner, m.ModelJob.state.in_(ACTIVE))).one()
+        jobs, queued = jobs + models, int(queued) + int(model_trials)
         if jobs + 1 > self.max_queued_jobs:
             raise QuotaExceeded(
                 f"{owner!r} has {jobs} queued or running jobs, the most one owner may have "

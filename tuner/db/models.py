@@ -12,6 +12,7 @@ from typing import Any
 
 from sqlalchemy import (
     BigInteger,
+    Boolean,
     DateTime,
     Float,
     ForeignKey,
@@ -80,10 +81,10 @@ class JobState(StrEnum):
     def can_become(self, to: JobState, *, reopen: bool = False) -> bool:
         """The job state machine (enforced by `Job.move_to`): QUEUED -> RUNNING -> SUCCEEDED |
         FAILED, cancel through CANCELLING -> CANCELLED; `reopen` lets a finished job run again
-        (the CLI resumes and extends jobs)."""
+        (RUNNING: the CLI resumes and extends jobs; QUEUED: a model job's next round of a task)."""
         if to is self:
             return True
-        if reopen and self.is_terminal and to is JobState.RUNNING:
+        if reopen and self.is_terminal and to in (JobState.RUNNING, JobState.QUEUED):
             return True
         return to in _TRANSITIONS[self]
 
@@ -151,6 +152,9 @@ class Job(Base):
     wall_budget_s: Mapped[float | None] = mapped_column(Float, nullable=True)
     # the principal (token name) that submitted the job; LOCAL_OWNER for the embedded CLI
     owner: Mapped[str] = mapped_column(String(128), default="local", index=True)
+    # a task job of a model job (`ModelJob`): its rounds are started by `tuner.model.rounds`
+    model_id: Mapped[str | None] = mapped_column(ForeignKey("model_jobs.id"), nullable=True,
+                                                 index=True)
 
     def move_to(self, to: JobState, *, now: datetime, error: str | None = None,
                 reopen: bool = False) -> None:
@@ -170,6 +174,53 @@ class Job(Base):
         self.finished_at = now if to.is_terminal else None
         if error is not None:
             self.error = error
+
+
+class ModelJob(Base):
+    """A model job: one trial budget spread over the task jobs (`Job.model_id`) of a model's
+    extracted PrimFuncs, one round at a time (`tuner.model.rounds`). Its state uses `JobState`."""
+
+    __tablename__ = "model_jobs"
+    __table_args__ = (UniqueConstraint("owner", "idempotency_key"),)
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)  # uuid4 hex
+    model_key: Mapped[str] = mapped_column(String(64), index=True)  # tasks + target + space
+    name: Mapped[str] = mapped_column(String(128), default="")
+    owner: Mapped[str] = mapped_column(String(128), index=True)
+    target_id: Mapped[int] = mapped_column(ForeignKey("targets.id"))
+    space: Mapped[str] = mapped_column(String(64))
+    trials: Mapped[int] = mapped_column(Integer)  # of the whole model
+    round_trials: Mapped[int] = mapped_column(Integer)
+    options_json: Mapped[str] = mapped_column(Text, default="{}")  # the task jobs' JobOptions
+    wall_budget_s: Mapped[float | None] = mapped_column(Float, nullable=True)
+    state: Mapped[str] = mapped_column(String(16), index=True)
+    message: Mapped[str] = mapped_column(Text, default="")
+    error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    estimates_json: Mapped[str] = mapped_column(Text, default="[]")  # [[trials, estimate_s]]
+    idempotency_key: Mapped[str | None] = mapped_column(String(200), nullable=True)
+    request_hash: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow, index=True)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    started_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+
+
+class ModelTask(Base):
+    """One distinct PrimFunc of a model job, called `weight` times per run of the model."""
+
+    __tablename__ = "model_tasks"
+
+    model_id: Mapped[str] = mapped_column(ForeignKey("model_jobs.id"), primary_key=True)
+    idx: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(128))
+    weight: Mapped[int] = mapped_column(Integer)
+    workload_id: Mapped[int] = mapped_column(ForeignKey("workloads.id"))
+    space: Mapped[str] = mapped_column(String(64))  # resolved, as its task job's
+    job_id: Mapped[str | None] = mapped_column(ForeignKey("jobs.id"), nullable=True)
+    prior_trials: Mapped[int] = mapped_column(Integer, default=0)  # on the target before
+    history_json: Mapped[str] = mapped_column(Text, default="[]")  # [[trials, best_s]] per round
+    round_from: Mapped[int] = mapped_column(Integer, default=-1)  # its open round began at; -1
+    done: Mapped[bool] = mapped_column(Boolean, default=False)  # no more rounds
 
 
 class Record(Base):

@@ -22,6 +22,7 @@ from ..measure import gflops
 from .rows import JobRow, RecordRow
 
 if TYPE_CHECKING:
+    from .model_jobs import ModelRow
     from .workers import WorkerRow
 
 
@@ -70,6 +71,7 @@ class JobPublic(BaseModel):
     options: dict[str, Any] = Field(default_factory=dict)
     best: BestSoFar | None = None
     error: str | None = None
+    model_id: str | None = Field(default=None, description="The model job it is a task of.")
     created_at: str
     updated_at: str
     started_at: str | None = None
@@ -86,6 +88,70 @@ class JobPublic(BaseModel):
             workload=stats.workload, target=stats.target, device_key=stats.device_key,
             space=row.space, trials=row.trials, trials_done=stats.trials_done,
             wall_budget_s=row.wall_budget_s, options=row.options, best=best, error=row.error,
+            model_id=row.model_id, created_at=row.created_at.isoformat(),
+            updated_at=row.updated_at.isoformat(),
+            started_at=_iso(row.started_at), finished_at=_iso(row.finished_at))
+
+
+# --- model jobs ----------------------------------------------------------------------------
+
+
+class ModelTaskPublic(BaseModel):
+    """One task of a model job: a PrimFunc called `weight` times per run of the model."""
+
+    name: str
+    weight: int
+    workload_key: str
+    space: str
+    job_id: str | None = Field(description="Its task job, once it had a round.")
+    state: str | None = Field(description="Its task job's state (None: no round yet).")
+    trials_done: int = Field(description="Measured by this model job.")
+    prior_trials: int = Field(description="Measured on this target before this model job.")
+    best_s: float | None = Field(description="The target's best latency of this PrimFunc.")
+    done: bool = Field(description="No more rounds: its space gave nothing new, or it failed.")
+
+
+class ModelPublic(BaseModel):
+    """A model job as its owner (or an admin) sees it: its budget, the estimated model latency
+    (Σ weight × best task latency) after each round, and every task's progress."""
+
+    id: str
+    owner: str
+    name: str
+    state: str
+    target: dict[str, Any]
+    device_key: str
+    space: str
+    trials: int
+    trials_done: int
+    round_trials: int
+    wall_budget_s: float | None = None
+    options: dict[str, Any] = Field(default_factory=dict)
+    estimate_s: float | None = Field(description="None until every task has a valid record.")
+    estimates: list[tuple[int, float | None]] = Field(
+        description="(trials spent, estimate) after each round: the latency falling.")
+    message: str
+    error: str | None = None
+    tasks: list[ModelTaskPublic]
+    created_at: str
+    updated_at: str
+    started_at: str | None = None
+    finished_at: str | None = None
+
+    @classmethod
+    def from_row(cls, row: ModelRow) -> ModelPublic:
+        return cls(
+            id=row.id, owner=row.owner, name=row.name, state=str(row.state),
+            target=json.loads(row.target_json), device_key=row.device_key, space=row.space,
+            trials=row.trials, trials_done=row.spent, round_trials=row.round_trials,
+            wall_budget_s=row.wall_budget_s, options=row.options,
+            estimate_s=row.estimates[-1][1] if row.estimates else None,
+            estimates=row.estimates, message=row.message, error=row.error,
+            tasks=[ModelTaskPublic(
+                name=t.name, weight=t.weight, workload_key=t.workload_key, space=t.space,
+                job_id=t.job_id, state=str(t.job_state) if t.job_state else None,
+                trials_done=t.trials, prior_trials=t.prior_trials, best_s=t.best_s,
+                done=t.done) for t in row.tasks],
             created_at=row.created_at.isoformat(), updated_at=row.updated_at.isoformat(),
             started_at=_iso(row.started_at), finished_at=_iso(row.finished_at))
 

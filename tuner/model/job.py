@@ -1,10 +1,12 @@
 """A model job on the embedded engine: one trial budget spread over a model's tasks.
 
-Each task is an ordinary `tir` workload tuned through the one job path (`tuner.search.Tuner`,
-which resumes the latest job of the same workload, target and space), one round of
-`round_trials` at a time, in the order `GradientScheduler` picks. The budget counts every trial
-the tasks' jobs hold: run the same command again after an interruption and it goes on where it
-stopped; tasks already tuned on this target start with what they have.
+The model job and its task jobs are stored like the service's (`tuner.db.model_jobs`, owner
+`LOCAL_OWNER`), and its rounds are planned the same way (`tuner.model.rounds.gradient_plan`);
+here this process runs each round's task job itself through the one job path
+(`tuner.search.Tuner`). Run the same command again after an interruption and it goes on where
+it stopped: the latest model job of the same tasks, target and space is resumed (its budget set
+to the new `trials`), a round cut short goes on from its committed records. Tasks already tuned
+on this target start from what they have.
 """
 
 from __future__ import annotations
@@ -12,19 +14,22 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 from schedules.registry import resolve
 
-from ..db.engine import target_key
-from ..db.jobs import LOCAL_OWNER, job_key
+from ..db import model_jobs
+from ..db.catalog import register_workload
+from ..db.jobs import LOCAL_OWNER, JobOptions
 from ..db.store import Store
-from ..measure import Invalidity, MeasureOptions, Measurer
+from ..errors import TunefarmError
+from ..measure import MeasureOptions, Measurer
 from ..search import Tuner, TuneRequest
 from ..tvm_api import canonical_target_json, make_target
 from ..workloads import Workload, parse_spec
 from .pipeline import ModelTask
-from .scheduler import GradientScheduler
+from .rounds import gradient_plan
 
 
 @dataclass(frozen=True)
@@ -39,6 +44,7 @@ class ModelRequest:
     seed: int = 0
     options: MeasureOptions = field(default_factory=MeasureOptions)
     wall_budget_s: float | None = None  # no new round starts after this long
+    name: str = "model"
 
 
 @dataclass(frozen=True)
@@ -61,6 +67,7 @@ class ModelProgress:
 
 @dataclass(frozen=True)
 class ModelSummary:
+    model_id: str
     trials: int
     rounds: int
     first_estimate_s: float | None
@@ -68,6 +75,29 @@ class ModelSummary:
     wall_s: float
     stop_reason: str
     tasks: list[TaskProgress]
+
+
+def task_workloads(tasks: list[ModelTask]) -> list[Workload]:
+    """Each task's PrimFunc as a `tir` workload (what the service is sent)."""
+    return [parse_spec({"op": "tir", "tvmscript": t.func.script()}) for t in tasks]
+
+
+def progress(model: model_jobs.ModelRow, message: str) -> ModelProgress:
+    return ModelProgress(model.spent, model.trials, latest_estimate(model), tasks_of(model),
+                         message)
+
+
+def tasks_of(model: model_jobs.ModelRow) -> list[TaskProgress]:
+    return [TaskProgress(t.name, t.weight, t.workload_key, t.prior_trials + t.trials, t.best_s)
+            for t in model.tasks]
+
+
+def latest_estimate(model: model_jobs.ModelRow) -> float | None:
+    return model.estimates[-1][1] if model.estimates else None
+
+
+def first_estimate(model: model_jobs.ModelRow) -> float | None:
+    return next((e for _, e in model.estimates if e is not None), None)
 
 
 class ModelTuner:
@@ -80,64 +110,46 @@ class ModelTuner:
 
     def run(self, req: ModelRequest) -> ModelSummary:
         t0 = time.monotonic()
-        target = make_target(req.target)
-        workloads = [parse_spec({"op": "tir", "tvmscript": t.func.script()}) for t in req.tasks]
-        warm = [self._held(req, wl, target) for wl in workloads]
-        sched = GradientScheduler([t.weight for t in req.tasks], warm=warm)
-        first = sched.estimate_s()
+        workloads = task_workloads(req.tasks)
+        model = self._create(req, workloads)
+        self.on_progress(progress(model, "resuming" if model.spent else "starting"))
+
+        def time_left(_started: datetime | None) -> float | None:
+            budget = req.wall_budget_s
+            return None if budget is None else budget - (time.monotonic() - t0)
+
         tuner = Tuner(self.store, self.measurer)
-        rounds, stop = 0, "budget spent"
-        self._report(req, workloads, sched, "starting")
+        rounds = 0
         while True:
-            spent = sum(t.trials for t in sched.tasks)
-            if spent >= req.trials:
+            step = model_jobs.advance(self.store, model.id, gradient_plan, time_left_s=time_left)
+            if step.job_id is None:
                 break
-            if req.wall_budget_s is not None and time.monotonic() - t0 >= req.wall_budget_s:
-                stop = "wall-clock budget reached"
-                break
-            i = sched.pick()
-            if i is None:
-                stop = "every task's space is exhausted"
-                break
-            task = sched.tasks[i]
-            step = min(req.round_trials, req.trials - spent)
+            job = self.store.get_job(step.job_id)
+            model = model_jobs.get_model(self.store, model.id)
+            task = next((t for t in model.tasks if t.job_id == step.job_id), None)
+            if job is None or task is None:
+                raise TunefarmError(f"model job {model.id}: no task job {step.job_id!r}")
             summary = tuner.run(TuneRequest(
-                workload=workloads[i], target=req.target, trials=task.trials + step,
-                device_key=req.device_key, space=req.space, batch_size=req.batch_size,
-                seed=req.seed, options=req.options))
-            gained = summary.trials_done - task.trials
-            sched.update(i, summary.trials_done, summary.best_s,
-                         exhausted=gained <= 0 or summary.trials_done < task.trials + step)
+                workload=workloads[task.idx], target=req.target, trials=job.trials,
+                device_key=req.device_key, space=task.space, batch_size=req.batch_size,
+                seed=req.seed, options=req.options, job_id=job.id))
             rounds += 1
-            if first is None:
-                first = sched.estimate_s()
-            self._report(req, workloads, sched,
-                         f"{req.tasks[i].name}: +{gained} trials ({summary.stop_reason})")
-        return ModelSummary(sum(t.trials for t in sched.tasks), rounds, first,
-                            sched.estimate_s(), time.monotonic() - t0, stop,
-                            self._tasks(req, workloads, sched))
+            model = model_jobs.get_model(self.store, model.id)
+            self.on_progress(progress(model, f"{task.name}: +{summary.measured_now} trials "
+                                             f"({summary.stop_reason})"))
+        model = model_jobs.get_model(self.store, model.id)
+        return ModelSummary(model.id, model.spent, rounds, first_estimate(model),
+                            latest_estimate(model), time.monotonic() - t0, model.message,
+                            tasks_of(model))
 
-    def _held(self, req: ModelRequest, wl: Workload, target: Any) -> tuple[int, float | None]:
-        """(trials, best latency) the task's job already holds on this target."""
-        tref = self.store.target_by_key(target_key(canonical_target_json(target),
-                                                   req.device_key))
-        row = self.store.workload_by_key(wl.key)
-        if tref is None or row is None:
-            return 0, None
-        job = self.store.latest_job(job_key(wl.key, tref.key, resolve(req.space, wl, target)),
-                                    owner=LOCAL_OWNER)
-        trials = 0 if job is None else sum(
-            1 for r in self.store.records(job_id=job.id) if r.invalidity != Invalidity.WORKER_LOST)
-        best = self.store.best(row.id, tref.id, k=1)
-        return trials, best[0].median_s if best else None
-
-    def _tasks(self, req: ModelRequest, workloads: list[Workload],
-               sched: GradientScheduler) -> list[TaskProgress]:
-        return [TaskProgress(t.name, t.weight, wl.key, s.trials, s.best_s)
-                for t, wl, s in zip(req.tasks, workloads, sched.tasks, strict=True)]
-
-    def _report(self, req: ModelRequest, workloads: list[Workload], sched: GradientScheduler,
-                message: str) -> None:
-        self.on_progress(ModelProgress(sum(t.trials for t in sched.tasks), req.trials,
-                                       sched.estimate_s(), self._tasks(req, workloads, sched),
-                                       message))
+    def _create(self, req: ModelRequest, workloads: list[Workload]) -> model_jobs.ModelRow:
+        """The model job of `req` (resumed if this machine ran it before)."""
+        target = make_target(req.target)
+        tref = self.store.ensure_target(canonical_target_json(target), req.device_key)
+        tasks = [model_jobs.NewTask(t.name, t.weight, register_workload(self.store, wl), wl.key,
+                                    resolve(req.space, wl, target))
+                 for t, wl in zip(req.tasks, workloads, strict=True)]
+        return model_jobs.create_model(self.store, model_jobs.NewModel(
+            name=req.name, owner=LOCAL_OWNER, target=tref, space=req.space, trials=req.trials,
+            round_trials=req.round_trials, options=JobOptions(req.batch_size, req.seed),
+            tasks=tasks, resume=True))

@@ -39,6 +39,13 @@ class GradientScheduler:
             task.trials, task.best_s = trials, best
             task.history.append((trials, best))
 
+    @classmethod
+    def restore(cls, tasks: list[TaskState]) -> GradientScheduler:
+        """A scheduler in the state a stored model job left it (`tuner.model.rounds`)."""
+        sched = cls([t.weight for t in tasks])
+        sched.tasks = tasks
+        return sched
+
     def estimate_s(self) -> float | None:
         """Σ weight × best latency; None while a task has no valid measurement yet."""
         if any(t.best_s is None for t in self.tasks):

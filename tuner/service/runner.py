@@ -10,6 +10,11 @@ a cancel request (CANCELLING) cancels the job at once, abandoning the measuremen
 SIGTERM (or `stop_event`) stops the tuner promptly: the running job goes back to RUNNING with
 its lease released, for another tuner to resume.
 
+Model jobs: their rounds are ordinary task jobs. The tuner that ends one advances its model job
+(`tuner.db.model_jobs.advance`: the next round, QUEUED for any tuner, or the model's end), and
+every poll advances the model jobs left without a round in flight (`stalled`), so a tuner that
+died between the two steps loses nothing.
+
 Fairness: `tuner.db.jobs.claim` picks the job of the owner with the fewest jobs held by tuners.
 Wall budget: a job's `wall_budget_s` counts from its `started_at` (when it first became RUNNING,
 not when it was submitted; a resumed job keeps its first start). It is enforced between
@@ -37,7 +42,7 @@ import redis
 
 from tuner import signals
 from tuner.config import Settings, get_settings
-from tuner.db import Store
+from tuner.db import Store, model_jobs
 from tuner.db import jobs as jobdb
 from tuner.db.jobs import JobOptions
 from tuner.db.models import JobState, utcnow
@@ -45,6 +50,7 @@ from tuner.db.rows import JobRow
 from tuner.errors import Conflict
 from tuner.isolation import undumpable
 from tuner.measure import MeasureInput, MeasureOptions, Measurer, MeasureResult
+from tuner.model.rounds import gradient_plan
 from tuner.queue import Keys, events, mark_cancelled, streams
 from tuner.search import Progress, Tuner, TuneRequest
 from tuner.service.measurer import Interrupted, RemoteMeasurer
@@ -103,6 +109,7 @@ class TunerService:
     # ------------------------------------------------------------------ claiming
     def step(self) -> bool:
         """One poll: run a job if one can be claimed; False when there was nothing to do."""
+        self._advance_stalled_models()
         job = self._claim()
         entry_id = None
         if job is None:
@@ -190,9 +197,35 @@ class TunerService:
             self._ack(entry_id)
             self.jobs_run += 1
             self._publish_state(job_id, row.state, row.error)
+            if row.model_id is not None:
+                self._advance_model(row.model_id)
         elif row is not None and not watch.lease_lost:
             jobdb.release(self.store, job_id, self.owner)  # another tuner resumes it
         return row
+
+    # ------------------------------------------------------------------ model jobs
+    def _advance_model(self, model_id: str) -> None:
+        """A task job of a model job ended: start the model's next round (a QUEUED task job,
+        which any tuner may claim) or end the model job."""
+        try:
+            step = model_jobs.advance(self.store, model_id, gradient_plan)
+        except Exception:  # the next poll's sweep tries again
+            log.exception("cannot advance model job %s", model_id)
+            return
+        if step.started and step.job_id is not None:
+            log.info("model job %s: next round is job %s", model_id, step.job_id)
+            with contextlib.suppress(redis.RedisError, OSError):
+                streams.enqueue(self.r, self.keys.jobs, {"job_id": step.job_id})
+
+    def _advance_stalled_models(self) -> None:
+        """Model jobs whose last round ended without a next one (its tuner died in between)."""
+        try:
+            stalled = model_jobs.stalled(self.store)
+        except Exception as exc:
+            log.warning("cannot list model jobs: %s", exc)
+            return
+        for model_id in stalled:
+            self._advance_model(model_id)
 
     def _transition(self, job_id: str, to: JobState, **kw: Any) -> JobRow | None:
         try:

@@ -1,0 +1,35 @@
+"""The plan of a model job's rounds: which task gets the next round, or why the model job ends.
+`tuner.db.model_jobs.advance` asks it on the locked model row; the embedded CLI and the service
+share it. Pure logic: the gradient-based task scheduler (`GradientScheduler`) restored from the
+stored rounds of each task."""
+
+from __future__ import annotations
+
+from ..db.model_jobs import Decision, RoundState
+from ..db.models import JobState
+from .scheduler import GradientScheduler, TaskState
+
+BUDGET_SPENT = "budget spent"
+WALL_BUDGET = "wall-clock budget reached"
+EXHAUSTED = "every task's space is exhausted"
+
+
+def gradient_plan(state: RoundState) -> Decision:
+    """Start the next round where weight × expected latency gain per trial is largest; end the
+    model job when the budget or the wall-clock budget is spent, or no task can gain."""
+    sched = GradientScheduler.restore([
+        TaskState(t.weight, t.prior_trials + t.trials, t.best_s, list(t.history), t.done)
+        for t in state.tasks])
+    estimate = sched.estimate_s()
+    if state.spent >= state.trials:
+        return Decision(estimate, finish=JobState.SUCCEEDED, message=BUDGET_SPENT)
+    if state.time_left_s is not None and state.time_left_s <= 0:
+        return Decision(estimate, finish=JobState.SUCCEEDED, message=WALL_BUDGET)
+    i = sched.pick()
+    if i is None:
+        failed = all(t.job_state is JobState.FAILED for t in state.tasks)
+        return Decision(estimate, finish=JobState.FAILED if failed else JobState.SUCCEEDED,
+                        message="every task job failed" if failed else EXHAUSTED)
+    step = min(state.round_trials, state.trials - state.spent)
+    return Decision(estimate, start=i, step=step,
+                    message=f"{state.tasks[i].name}: a round of {step} trials")
