@@ -24,6 +24,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "file with a list of {id, title, spec, peak}")
     p.add_argument("--scale", default="full", choices=["full", "small"],
                    help="--suite models: the models' size (small: minutes instead of hours)")
+    p.add_argument("--transfer", action="store_true",
+                   help="the cost model's transfer benchmark (bench/transfer.py): leave-one-out "
+                        "over --suite (default here: public,fused)")
+    p.add_argument("--cost-model-scale", action="store_true",
+                   help="what the farm's cost model costs a job at --records synthetic records "
+                        "in PostgreSQL (bench/costmodel_scale.py)")
+    p.add_argument("--records", default="10000,100000,1000000",
+                   help="--cost-model-scale: database sizes")
+    p.add_argument("--pg", default="postgresql://postgres@127.0.0.1:5432/postgres",
+                   help="--cost-model-scale: a PostgreSQL server (its own database is created)")
+    p.add_argument("--objective", default="auto",
+                   help="--transfer: the farm model's objective for the warm runs (regression, "
+                        "pairwise, ndcg; auto: the one that ranks held-out workloads best)")
     p.add_argument("--fast-math", action="store_true",
                    help="--suite models: GELU's erf/tanh as vectorizable approximations")
     p.add_argument("--trials", type=int, default=64, help="trial budget of each tuner (64)")
@@ -73,6 +86,16 @@ def set_thread_env(threads: int) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     set_thread_env(args.threads)
+    if args.cost_model_scale:
+        from .costmodel_scale import run_scale
+
+        return run_scale(args)
+    if args.transfer:
+        from .transfer import run_transfer
+
+        if args.suite == "public" and "--suite" not in (argv or sys.argv):
+            args.suite = "public,fused"
+        return run_transfer(args)
     if args.suite == "models":
         from .models import run_models
 

@@ -39,6 +39,9 @@ class Settings(BaseSettings):
     # search
     batch_size: int = 16
     seed: int | None = None
+    # jobs start from the farm's cost model of their target (tuner.search.farm_model); off:
+    # each job learns from its own workload's records only, and no job updates the farm's model
+    cost_model_transfer: bool = True
 
     # service: API, queues, leases (see README "Running the service")
     redis_url: str = "redis://127.0.0.1:6379/0"

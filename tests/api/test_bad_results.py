@@ -134,6 +134,12 @@ CASES: list[tuple[str, Callable[[Env], Post], int, str]] = [
      "trial_mismatch"),
     ("forged-tvm-version", lambda e: Post(_with(e.body(), "input.context.tvm_version", "x")),
      409, "trial_mismatch"),
+    ("forged-prediction", lambda e: Post(_with(e.body(), "input.context.predicted_s", 1e-3)),
+     409, "trial_mismatch"),
+    ("prediction-not-a-number", lambda e: Post(_with(e.body(), "input.context.predicted_s",
+                                                     "fast")), 422, "validation_error"),
+    ("prediction-negative", lambda e: Post(_with(e.body(), "input.context.predicted_s", -1.0)),
+     422, "validation_error"),
     ("lost-attempt-at-an-unissued-trial", lambda e: _lost_attempt(e, issue=False), 409,
      "unknown_trial"),
     ("lost-attempt-id-for-a-run-error",
@@ -167,7 +173,9 @@ FIELDS = {"unknown-trial": "input.trial_id", "expired-trial": "input.trial_id",
           "issued-to-another-device-key": "device_key",
           "wrong-cand-hash": "input.context.cand_hash", "used-trial-different-latency": "result",
           "forged-trace": "input", "forged-decisions": "input", "forged-features": "input",
-          "forged-space": "input", "forged-tvm-version": "input"}
+          "forged-space": "input", "forged-tvm-version": "input", "forged-prediction": "input",
+          "prediction-not-a-number": "input.context.predicted_s",
+          "prediction-negative": "input.context.predicted_s"}
 
 
 @pytest.fixture

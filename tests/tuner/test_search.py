@@ -82,7 +82,9 @@ def test_best_record_replays_to_the_measured_kernel(store: Store) -> None:
 
 
 def test_cost_model_starts_from_the_targets_history(store: Store) -> None:
-    """A second workload on the same target trains its model on the first one's records."""
+    """After a job, the farm's model of the target holds its records; a job on another
+    workload of the target starts from that model."""
+    from tuner.db import cost_models
     from tuner.search.costmodel import FEATURE_DIM
 
     with LocalMeasurer() as m:
@@ -92,8 +94,12 @@ def test_cost_model_starts_from_the_targets_history(store: Store) -> None:
         assert tref is not None
         rows = store.training_rows(tref.id)
         assert len(rows) == 4 and all(len(r[1]) == 4 * FEATURE_DIM for r in rows)
-        model = trained_cost_model(store, tref, seed=0)
-        assert model.size == 4
+        stored = cost_models.latest(store, tref.id)
+        assert stored is not None and stored.version == 1 and stored.rows == 4
+        other = store.ensure_workload(key="other", op="tir", spec_json="{}", shash="0",
+                                      mod_json="", description="", flops=1)
+        model = trained_cost_model(store, tref, other, seed=0)
+        assert model.trained and model.base is not None and model.size == 0
 
 
 def test_infrastructure_failures_are_retried_and_never_counted(store: Store) -> None:
@@ -130,8 +136,9 @@ def test_an_unknown_space_creates_no_job(store: Store) -> None:
 def test_the_first_batch_samples_the_space_while_the_model_knows_nothing(
         store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
     """An untrained model scores at random, so the first batch is drawn from the space directly
-    (no evolution); once measured records exist on the target (this workload's or another's),
-    every batch comes from the model-guided evolutionary search."""
+    (no evolution); a model of other workloads only (the farm's) picks half of the first batch,
+    random samples the rest; once the workload has records of its own, every batch comes from
+    the model-guided evolutionary search."""
     from tuner.search import loop
 
     sampled: list[int] = []
@@ -146,7 +153,9 @@ def test_the_first_batch_samples_the_space_while_the_model_knows_nothing(
         rows = store.records(job_id=first.job_id)
         assert len({r.cand_hash for r in rows}) == 8  # sampled, then evolved: no repeats
         second = tuner.run(_req({"op": "matmul", "shape": [48, 48, 48]}, 4))
-        assert second.trials_done == 4 and sampled == [4]  # warm model: no sampling
+        assert second.trials_done == 4 and sampled == [4, 4]  # the farm's model: half
+        third = tuner.run(_req({"op": "matmul", "shape": [48, 48, 48]}, 8))  # resumed
+        assert third.trials_done == 8 and sampled == [4, 4]  # its own rows: no sampling
 
 
 def test_features_are_extracted_once_per_program() -> None:

@@ -5,6 +5,7 @@ app, the tuner service and the worker agent together, and the one that starts th
 - `tune.py`: tune (the embedded search on this machine), best, records, spaces, db upgrade;
 - `service.py`: serve, tuner, worker, submit, up;
 - `model.py`: tune-model, build, db export, db import;
+- `costmodel.py`: model status, model train (the farm's cost models);
 - `tokens.py`: token create/list/revoke, and the tokens `up` keeps and reuses.
 
 The command modules define plain functions; this module registers every command, in the order
@@ -16,14 +17,17 @@ from __future__ import annotations
 
 import typer
 
-from tuner.cli import model, service, tokens, tune
+from tuner.cli import costmodel, model, service, tokens, tune
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="tunefarm: autotuning of tensor programs on Apache TVM.")
 db_app = typer.Typer(no_args_is_help=True, help="Tuning database maintenance.")
 token_app = typer.Typer(no_args_is_help=True, help="API bearer tokens.")
+model_app = typer.Typer(no_args_is_help=True,
+                        help="The farm's cost models, one per target (status, train).")
 app.add_typer(db_app, name="db")
 app.add_typer(token_app, name="token")
+app.add_typer(model_app, name="model")
 
 app.command()(tune.tune)
 app.command()(tune.best)
@@ -34,6 +38,8 @@ app.command()(model.build)
 db_app.command("upgrade")(tune.db_upgrade)
 db_app.command("export")(model.db_export)
 db_app.command("import")(model.db_import)
+model_app.command("status")(costmodel.model_status)
+model_app.command("train")(costmodel.model_train)
 
 token_app.command("create")(tokens.token_create)
 token_app.command("list")(tokens.token_list)

@@ -252,9 +252,34 @@ class Record(Base):
     worker: Mapped[str | None] = mapped_column(String(128), nullable=True)
     build_s: Mapped[float | None] = mapped_column(Float, nullable=True)
     features: Mapped[bytes | None] = mapped_column(LargeBinary, nullable=True)  # float32 bytes
+    # the cost model's prediction when the search picked it: the workload's best latency then,
+    # over the predicted throughput relative to it (None: no best yet, or no trained model)
+    predicted_s: Mapped[float | None] = mapped_column(Float, nullable=True)
     tvm_version: Mapped[str] = mapped_column(String(64))
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
     measured_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+
+
+class CostModel(Base):
+    """One version of the farm's cost model of a target (target + device key): an XGBoost
+    booster trained on the target's records up to `last_record_id`, updated incrementally
+    (`tuner.search.farm_model`). Every job on the target starts from the latest version."""
+
+    __tablename__ = "cost_models"
+    __table_args__ = (UniqueConstraint("target_id", "version"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    target_id: Mapped[int] = mapped_column(ForeignKey("targets.id"), index=True)
+    version: Mapped[int] = mapped_column(Integer)
+    objective: Mapped[str] = mapped_column(String(32))
+    feature_dim: Mapped[int] = mapped_column(Integer)
+    rows: Mapped[int] = mapped_column(Integer)  # records it has learned from, in all
+    last_record_id: Mapped[int] = mapped_column(Integer)  # records.id high-water mark
+    full: Mapped[bool] = mapped_column(Boolean)  # a full refit (else an incremental update)
+    booster: Mapped[bytes] = mapped_column(LargeBinary)  # XGBoost's UBJSON model
+    metrics_json: Mapped[str] = mapped_column(Text, default="{}")  # held-out accuracy
+    train_s: Mapped[float] = mapped_column(Float, default=0.0)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
 
 
 class WorkloadHash(Base):

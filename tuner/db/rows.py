@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -110,6 +111,7 @@ class NewRecord:
     build_s: float | None = None
     features: bytes | None = None  # float32 bytes for the cost model
     measured_at: datetime | None = None  # None: now
+    predicted_s: float | None = None  # the cost model's prediction when it was picked
 
     @classmethod
     def from_measurement(cls, inp: MeasureInput, res: MeasureResult) -> NewRecord:
@@ -125,15 +127,19 @@ class NewRecord:
             invalidity=res.invalidity, tvm_version=str(ctx["tvm_version"]),
             decisions=list(ctx.get("decisions") or []), latencies=list(res.latencies_s),
             median_s=res.median_s, cv=res.cv, error_msg=res.error_msg, worker=res.worker,
-            build_s=res.build_s, features=base64.b64decode(feats) if feats else None)
+            build_s=res.build_s, features=base64.b64decode(feats) if feats else None,
+            predicted_s=_predicted(ctx.get("predicted_s")))
 
     def input_digest(self) -> str:
         """sha256 of what the record takes from its MeasureInput (job, workload, target, space,
         candidate, trace, decisions, features, TVM version): what a worker may not change in the
         input it posts back (`tuner.db.trials` compares it with the issued trial's)."""
-        bound = [self.job_id, self.workload_id, self.target_id, self.space, self.cand_hash,
-                 self.trace_json, self.tvm_version, self.decisions,
-                 self.features.hex() if self.features is not None else None]
+        bound: list[Any] = [
+            self.job_id, self.workload_id, self.target_id, self.space, self.cand_hash,
+            self.trace_json, self.tvm_version, self.decisions,
+            self.features.hex() if self.features is not None else None]
+        if self.predicted_s is not None:
+            bound.append(self.predicted_s)
         text = json.dumps(bound, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(text.encode()).hexdigest()
 
@@ -149,8 +155,18 @@ class NewRecord:
             "worker": self.worker, "build_s": self.build_s,
             "features": bytes(self.features) if self.features is not None else None,
             "tvm_version": self.tvm_version, "created_at": now,
-            "measured_at": self.measured_at or now,
+            "measured_at": self.measured_at or now, "predicted_s": self.predicted_s,
         }
+
+
+def _predicted(value: Any) -> float | None:
+    """A context's predicted latency: None, or a finite number > 0 (else ValueError)."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not (
+            0 < float(value) < math.inf):
+        raise ValueError(f"predicted_s must be a finite number > 0, not {value!r}")
+    return float(value)
 
 
 @dataclass(frozen=True)
@@ -176,6 +192,7 @@ class RecordRow:
     tvm_version: str
     created_at: datetime
     measured_at: datetime
+    predicted_s: float | None = None
 
     @property
     def ok(self) -> bool:
@@ -186,7 +203,8 @@ class RecordRow:
         return cls(r.id, r.trial_id, r.job_id, r.workload_id, r.target_id, r.space, r.cand_hash,
                    r.trace_json, json.loads(r.decisions_json), json.loads(r.latencies_json),
                    r.median_s, r.mean_s, r.cv, Invalidity(r.invalidity), r.error_msg, r.worker,
-                   r.build_s, r.features, r.tvm_version, r.created_at, r.measured_at)
+                   r.build_s, r.features, r.tvm_version, r.created_at, r.measured_at,
+                   r.predicted_s)
 
 
 @dataclass(frozen=True)

@@ -181,6 +181,8 @@ class RecordPublic(BaseModel):
     build_s: float | None
     tvm_version: str
     measured_at: str
+    predicted_s: float | None = Field(
+        default=None, description="The cost model's predicted latency when it was picked.")
 
     @staticmethod
     def fields_of(row: RecordRow, *, workload_key: str, flops: int,
@@ -200,6 +202,7 @@ class RecordPublic(BaseModel):
             "gflops": gflops(flops, row.median_s), "decisions": row.decisions,
             "trace": json.loads(row.trace_json), "worker": row.worker, "build_s": row.build_s,
             "tvm_version": row.tvm_version, "measured_at": row.measured_at.isoformat(),
+            "predicted_s": row.predicted_s,
         }
 
     @classmethod

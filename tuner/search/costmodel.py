@@ -3,14 +3,21 @@ features, so the evolutionary search measures what is likely fast.
 
 Features are MetaSchedule's `PerStoreFeature` (164 per buffer store), pooled to a fixed vector
 (sum and max over the stores, plus the store count) so records of any workload can train one model
-per target. The pooled vector is stored with every record in SQL: a new job for any shape or op on
-the same target starts from a model trained on everything the farm measured there, instead of
-MetaSchedule's 100 random samples of warm-up.
+per target. The pooled vector is stored with every record in SQL.
+
+A job's model has two parts: the farm's model of the target (`base`, a booster trained on every
+record the farm measured there and updated incrementally: `tuner.search.farm_model`), frozen,
+and the job's own booster, refitted after every batch on the rows of this workload only (its
+history and the job's measurements), starting from the base model's margin, which counts less
+with every row of the job's own (none after `trust_rows`: by then the job knows its workload
+better than any other workload can tell). A batch's training costs what the workload holds,
+never what the farm holds.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections import defaultdict
 from collections.abc import Sequence
 from typing import Any
@@ -41,24 +48,70 @@ def pool_features(rows: np.ndarray) -> np.ndarray:
     return pooled.astype(np.float32)
 
 
+OBJECTIVES = {"regression": "reg:squarederror", "pairwise": "rank:pairwise",
+              "ndcg": "rank:ndcg"}
+
+
+def xgb_params(objective: str, *, seed: int, nthread: int, light: bool = False
+               ) -> dict[str, Any]:
+    """XGBoost's parameters; `light`: a job's per-batch booster (shallower trees, coarser
+    histograms: its refit after every batch must stay well under a second)."""
+    return {"objective": OBJECTIVES[objective], "eta": 0.2, "max_depth": 6 if light else 8,
+            "max_bin": 64 if light else 256, "min_child_weight": 1, "subsample": 0.9,
+            "colsample_bytree": 0.9, "nthread": nthread, "seed": seed, "verbosity": 0}
+
+
+def throughput_labels(workload_ids: Sequence[Any], latencies: Sequence[float | None],
+                      best: dict[Any, float] | None = None) -> np.ndarray:
+    """best latency of the row's workload / its latency (0 for a failure): 1.0 is the fastest.
+    `best` (optional) holds bests measured outside these rows."""
+    top: dict[Any, float] = defaultdict(lambda: float("inf"))
+    top.update(best or {})
+    for lat, g in zip(latencies, workload_ids, strict=True):
+        if lat is not None and lat > 0:
+            top[g] = min(top[g], lat)
+    return np.array([0.0 if lat is None or not lat > 0 else top[g] / lat
+                     for lat, g in zip(latencies, workload_ids, strict=True)], dtype=np.float32)
+
+
+def training_matrix(objective: str, x: np.ndarray, y: np.ndarray, groups: np.ndarray,
+                    base_margin: np.ndarray | None = None) -> xgb.DMatrix:
+    """A DMatrix for `objective`: ranking objectives learn within each workload (query group,
+    rows sorted by it) with graded relevance; regression learns the throughput itself."""
+    if objective == "regression":
+        return xgb.DMatrix(x, label=y, base_margin=base_margin)
+    order = np.argsort(groups, kind="stable")
+    rel = np.rint(np.clip(y[order], 0.0, 1.0) * 30).astype(np.float32)  # ndcg: 0..30
+    return xgb.DMatrix(x[order], label=rel, qid=groups[order],
+                       base_margin=None if base_margin is None else base_margin[order])
+
+
 @derived_object
 class XGBCostModel(ms.cost_model.PyCostModel):
-    """Regression on min-latency / latency within each workload (failures count as 0)."""
+    """The farm's model of the target (`base`, frozen) plus the job's own booster on its
+    workload's rows (`add`, `fit`), trained from the base model's margin weighted by
+    `base_weight`."""
 
     features_dim = FEATURE_DIM
 
-    def __init__(self, *, seed: int = 0, num_rounds: int = 160, nthread: int = 2) -> None:
+    def __init__(self, *, seed: int = 0, num_rounds: int = 100, nthread: int = 2,
+                 base: xgb.Booster | None = None, objective: str = "regression",
+                 trust_rows: int = 48) -> None:
         super().__init__()
         self._extractor = ms.feature_extractor.PerStoreFeature()
         self._rng = np.random.default_rng(seed)
         self._seed = seed
         self._num_rounds = num_rounds
         self._nthread = nthread
+        self.base = base
+        self.objective = objective
+        self.trust_rows = trust_rows
         self._x: list[np.ndarray] = []
         self._lat: list[float | None] = []
         self._group: list[Any] = []
         self._booster: xgb.Booster | None = None
         self._cache: dict[int, np.ndarray] = {}
+        self.fit_s = 0.0  # time spent in `fit`, all batches
 
     # ---- data
     def features(self, context: Any, candidates: Sequence[Any]) -> np.ndarray:
@@ -97,37 +150,63 @@ class XGBCostModel(ms.cost_model.PyCostModel):
 
     @property
     def trained(self) -> bool:
-        """False until `fit` had data to learn from: predictions are random numbers until then."""
-        return self._booster is not None
+        """False while neither the farm's model nor the job's has anything to go on:
+        predictions are random numbers until then."""
+        return self._booster is not None or self.base is not None
 
-    def _targets(self) -> np.ndarray:
-        best: dict[Any, float] = defaultdict(lambda: float("inf"))
-        for lat, g in zip(self._lat, self._group, strict=True):
-            if lat is not None:
-                best[g] = min(best[g], lat)
-        return np.array([0.0 if lat is None else best[g] / lat
-                         for lat, g in zip(self._lat, self._group, strict=True)], dtype=np.float32)
+    @property
+    def base_weight(self) -> float:
+        """How much the farm's model counts beside the job's own rows: fully with none, less
+        with each row, not at all from `trust_rows` on (the job's measurements weigh more)."""
+        if self.base is None:
+            return 0.0
+        return max(0.0, 1.0 - len(self._x) / self.trust_rows)
+
+    def _margin(self, x: np.ndarray) -> np.ndarray | None:
+        weight = self.base_weight
+        if self.base is None or weight <= 0.0:
+            return None
+        return weight * np.asarray(self.base.predict(xgb.DMatrix(x), output_margin=True),
+                                   dtype=np.float32)
 
     def fit(self) -> None:
-        y = self._targets()
+        """Refit the job's booster on the job's rows (the base model stays as it is)."""
+        t0 = time.perf_counter()
+        y = throughput_labels(self._group, self._lat)
         if len(y) < 2 or float(y.max()) <= 0.0:
             self._booster = None
             return
-        dtrain = xgb.DMatrix(np.stack(self._x), label=y)
-        params = {"objective": "reg:squarederror", "eta": 0.2, "max_depth": 8,
-                  "min_child_weight": 1, "subsample": 0.9, "colsample_bytree": 0.9,
-                  "nthread": 1 if len(y) < SMALL_TRAINING_SET else self._nthread,
-                  "seed": self._seed, "verbosity": 0}
+        x = np.stack(self._x)
+        groups = np.array([hash(g) for g in self._group], dtype=np.int64)
+        dtrain = training_matrix(self.objective, x, y, groups, self._margin(x))
+        nthread = 1 if len(y) < SMALL_TRAINING_SET else self._nthread
+        params = xgb_params(self.objective, seed=self._seed, nthread=nthread, light=True)
         self._booster = xgb.train(params, dtrain, num_boost_round=self._num_rounds)
+        self.fit_s += time.perf_counter() - t0
 
     def predict_features(self, x: np.ndarray) -> np.ndarray:
-        if self._booster is None:
+        """Scores (larger: faster); for the regression objective, the predicted throughput
+        relative to the workload's best."""
+        if self._booster is None and self.base is None:
             return self._rng.random(len(x))
-        return np.clip(self._booster.predict(xgb.DMatrix(x)), 0.0, None).astype(np.float64)
+        if self._booster is None:
+            assert self.base is not None
+            out = self.base.predict(xgb.DMatrix(x))
+        else:
+            out = self._booster.predict(xgb.DMatrix(x, base_margin=self._margin(x)))
+        out = np.asarray(out, dtype=np.float64)
+        return np.clip(out, 0.0, None) if self.objective == "regression" else out
+
+    def predicted_latency(self, x: np.ndarray, best_s: float | None) -> list[float | None]:
+        """Each row's predicted latency: the workload's best so far over the predicted relative
+        throughput (regression models only; None before there is a best or a model)."""
+        if best_s is None or not self.trained or self.objective != "regression":
+            return [None] * len(x)
+        return [best_s / float(sc) if sc > 1e-6 else None for sc in self.predict_features(x)]
 
     # ---- MetaSchedule's CostModel interface (the evolutionary search calls predict)
     def predict(self, context: Any, candidates: list[Any]) -> np.ndarray:
-        if self._booster is None:
+        if not self.trained:
             return self._rng.random(len(candidates))
         return self.predict_features(self.features(context, candidates))
 

@@ -1,6 +1,6 @@
 """What a search starts from: the tuning database's history of the workload on the target. The
-fastest records of the space seed the evolutionary search's population; every record measured on
-the target (any workload) trains the cost model before the first batch."""
+fastest records of the space seed the evolutionary search's population; the cost model starts
+from the farm's model of the target (`tuner.search.farm_model`) and the workload's own records."""
 
 from __future__ import annotations
 
@@ -11,10 +11,12 @@ import numpy as np
 
 from schedules.registry import replay
 from tuner import tvm_api as tv
+from tuner.config import get_settings
+from tuner.db import cost_models
 from tuner.db.rows import RecordRow, TargetRef
 from tuner.db.store import Store
-from tuner.measure import Invalidity
-from tuner.search.costmodel import XGBCostModel
+from tuner.search import farm_model
+from tuner.search.costmodel import FEATURE_DIM, XGBCostModel
 
 log = logging.getLogger(__name__)
 
@@ -52,13 +54,25 @@ def seed_records(store: Store, wid: int, tref: TargetRef, space: str,
         limit *= 4
 
 
-def trained_cost_model(store: Store, tref: TargetRef, seed: int) -> XGBCostModel:
-    """An XGBoost cost model trained on every record measured on the target (grouped by
-    workload); untrained when the target has no history."""
-    model = XGBCostModel(seed=seed)
-    for wid, feats, median_s, inv in store.training_rows(tref.id):
-        x = np.frombuffer(feats, dtype=np.float32)
-        if x.size == model.features_dim:
-            model.add(x[None, :], [median_s if inv == Invalidity.OK else None], group=wid)
-    model.fit()
+JOB_HISTORY_ROWS = 256  # of the workload's newest records, in the job's own model
+
+
+def trained_cost_model(store: Store, tref: TargetRef, wid: int, seed: int,
+                       cfg: farm_model.FarmModelConfig = farm_model.DEFAULT) -> XGBCostModel:
+    """The cost model a job on workload `wid` starts from: the farm's model of the target
+    (trained now, once, if the target has records but no model yet), and the job's own booster
+    fitted on the workload's newest records. Untrained when the target has no history."""
+    base, stored = None, None
+    if get_settings().cost_model_transfer:
+        base, stored = farm_model.load(store, tref)
+        if base is None:
+            stored = farm_model.refresh(store, tref, full=True, cfg=cfg)
+            base = farm_model.booster_of(stored) if stored is not None else None
+    model = XGBCostModel(seed=seed, base=base,
+                         objective=stored.objective if stored is not None else cfg.objective)
+    rows = cost_models.workload_rows(store, tref.id, wid, JOB_HISTORY_ROWS, dim=FEATURE_DIM)
+    if len(rows):
+        model.add(rows.features, [None if np.isnan(v) else float(v) for v in rows.median_s],
+                  group=wid)
+        model.fit()
     return model

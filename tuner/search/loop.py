@@ -41,6 +41,7 @@ import numpy as np
 
 from schedules.registry import resolve, search_strategy, space_generator
 from tuner import tvm_api as tv
+from tuner.config import get_settings
 from tuner.db.catalog import register_workload
 from tuner.db.jobs import LOCAL_OWNER, JobOptions, NewJob, create_job
 from tuner.db.models import JobState
@@ -48,18 +49,11 @@ from tuner.db.rows import JobRow, TargetRef
 from tuner.db.store import NewRecord, Store
 from tuner.errors import JobHandedOff, TunefarmError
 from tuner.measure import Invalidity, MeasureInput, Measurer, MeasureResult, gflops
+from tuner.search import farm_model
 from tuner.search.costmodel import XGBCostModel
 from tuner.search.history import seed_database, trained_cost_model
 from tuner.search.request import Progress, TuneRequest, TuneSummary, trial_id
-
-
-def sample_space(strategy: Any, args_info: Any, n: int) -> list[Any]:
-    """About 1.5 `n` random points of the design space (each design space's trace replayed with
-    fresh decisions, then postprocessed), without evolution. `strategy` is a pre-tuned
-    EvolutionarySearch; it returns at least its `init_min_unmeasured` points."""
-    return [tv.ms.MeasureCandidate(sch, args_info)
-            for sch in tv.sample_init_population(strategy, n + n // 2)]
-
+from tuner.search.sampling import interleave, sample_space
 
 MAX_LOST_IN_A_ROW = 3  # consecutive infrastructure failures before the job fails
 
@@ -164,7 +158,7 @@ class Tuner:
         ctx = tv.tune_context(mod, run.target, space=run.space,
                               strategy=search_strategy(req.space),
                               seed=req.seed, num_threads=max(1, req.options.num_threads))
-        model = trained_cost_model(self.store, run.tref, req.seed)
+        model = trained_cost_model(self.store, run.tref, run.wid, req.seed)
         strategy = ctx.search_strategy
         memdb = seed_database(self.store, run.wid, run.tref, mod, run.target, req.space,
                               self.seed_top_k)
@@ -185,9 +179,17 @@ class Tuner:
         the search has nothing new to offer."""
         req = run.req
         # an untrained model scores at random: evolving a population by its scores only
-        # costs replays, so the first batch samples the space directly
-        cands = (search.strategy.generate_measure_candidates() if search.model.trained
-                 else sample_space(search.strategy, search.args_info, req.batch_size))
+        # costs replays, so the first batch samples the space directly; a model that knows
+        # only other workloads (the farm's) picks half of it, random samples the other half
+        # (where it transfers badly, they keep the batch from its blind spot)
+        model = search.model
+        if not model.trained:
+            cands = sample_space(search.strategy, search.args_info, req.batch_size)
+        elif model.size == 0:
+            cands = interleave(search.strategy.generate_measure_candidates(),
+                                sample_space(search.strategy, search.args_info, req.batch_size))
+        else:
+            cands = search.strategy.generate_measure_candidates()
         if not cands:
             run.stop = "search space exhausted"
             return None
@@ -205,8 +207,9 @@ class Tuner:
             run.stop = "search keeps proposing measured candidates"
             return None
         feats = search.model.features(search.ctx, [c for c, _ in fresh])
-        return [_Pick(c, h, x, self._input(req, run.job_id, c, h, x, run.wid, run.tref.id))
-                for (c, h), x in zip(fresh, feats, strict=True)]
+        predicted = search.model.predicted_latency(feats, run.best.median_s if run.best else None)
+        return [_Pick(c, h, x, self._input(req, run.job_id, c, h, x, run.wid, run.tref.id, p))
+                for (c, h), x, p in zip(fresh, feats, predicted, strict=True)]
 
     def _measure_batch(self, run: _Run, search: _Search,
                        picks: list[_Pick]) -> tuple[list[tuple[_Pick, MeasureResult]], str | None]:
@@ -277,6 +280,8 @@ class Tuner:
     def _finish(self, run: _Run) -> TuneSummary:
         self.store.set_job_state(run.job_id, run.final)
         self._report(run, message=run.stop)
+        if run.measured_now and get_settings().cost_model_transfer:
+            farm_model.refresh_after_job(self.store, run.tref)
         return self._summary(run)
 
     def _report(self, run: _Run, last: MeasureResult | None = None, message: str = "") -> None:
@@ -286,12 +291,14 @@ class Tuner:
 
     @staticmethod
     def _input(req: TuneRequest, job_id: str, cand: Any, cand_hash: str, x: np.ndarray, wid: int,
-               target_id: int) -> MeasureInput:
+               target_id: int, predicted_s: float | None = None) -> MeasureInput:
         context = {"job_id": job_id, "workload_id": wid, "target_id": target_id,
                    "space": req.space, "cand_hash": cand_hash,
                    "decisions": tv.trace_decisions(cand.sch.trace),
                    "features_b64": base64.b64encode(x.astype(np.float32).tobytes()).decode(),
                    "tvm_version": tv.tvm_version()}
+        if predicted_s is not None and np.isfinite(predicted_s):
+            context["predicted_s"] = float(predicted_s)
         return MeasureInput(trial_id=trial_id(job_id, cand_hash), workload_key=req.workload.key,
                             workload_spec=req.workload.spec, target=req.target,
                             trace_json=tv.trace_to_json(cand.sch.trace), options=req.options,
