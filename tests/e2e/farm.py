@@ -9,11 +9,13 @@ import os
 import socket
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from api.client import wait_ready
-from tests.conftest import kill_group
+from tests.conftest import _reset_pg, kill_group
 from tests.support.targets import RUN_X86
 from tuner.db import Store
 from tuner.db.tokens import create_token
@@ -85,3 +87,15 @@ class Farm:
         from api.client import Client
 
         return Client(self.api_url, token or self.user_token, timeout=30)
+
+
+@contextmanager
+def running_farm(pg_url: str, redis_url: str, workdir: Path, **env: str) -> Iterator[Farm]:
+    """A farm on a reset database with its API up; every process it started is stopped after."""
+    _reset_pg(pg_url)
+    f = Farm(db_url=pg_url, redis_url=redis_url, workdir=workdir, **env)
+    try:
+        f.start_api()
+        yield f
+    finally:
+        f.stop()

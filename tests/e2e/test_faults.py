@@ -13,8 +13,7 @@ from typing import Any
 import pytest
 import redis
 
-from tests.conftest import _reset_pg
-from tests.e2e.farm import TARGET, Farm
+from tests.e2e.farm import TARGET, Farm, running_farm
 from tests.kernels import CRASH, HANG
 from tuner.db import Store
 from tuner.measure import Invalidity
@@ -26,15 +25,10 @@ SPEC = {"op": "matmul", "shape": [64, 64, 64]}
 
 @pytest.fixture
 def farm(pg_url: str, private_redis_url: str, tmp_path: Path) -> Iterator[Farm]:
-    _reset_pg(pg_url)
     # short leases, so a dead worker's or tuner's work moves on within seconds
-    f = Farm(db_url=pg_url, redis_url=private_redis_url, workdir=tmp_path,
-             TUNEFARM_LEASE_S="4", TUNEFARM_JOB_LEASE_S="4", TUNEFARM_RUN_TIMEOUT_S="5")
-    try:
-        f.start_api()
+    with running_farm(pg_url, private_redis_url, tmp_path, TUNEFARM_LEASE_S="4",
+                      TUNEFARM_JOB_LEASE_S="4", TUNEFARM_RUN_TIMEOUT_S="5") as f:
         yield f
-    finally:
-        f.stop()
 
 
 def _submit(farm: Farm, trials: int, spec: dict[str, Any] | None = None) -> str:

@@ -15,8 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.conftest import _reset_pg
-from tests.e2e.farm import TARGET, Farm
+from tests.e2e.farm import TARGET, Farm, running_farm
 from tests.model.test_model import MODEL_PY, REPO, _reference
 
 pytestmark = pytest.mark.slow
@@ -24,13 +23,8 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture
 def farm(pg_url: str, private_redis_url: str, tmp_path: Path) -> Iterator[Farm]:
-    _reset_pg(pg_url)
-    f = Farm(db_url=pg_url, redis_url=private_redis_url, workdir=tmp_path)
-    try:
-        f.start_api()
+    with running_farm(pg_url, private_redis_url, tmp_path) as f:
         yield f
-    finally:
-        f.stop()
 
 
 def _cli(farm: Farm, *args: str) -> subprocess.CompletedProcess[str]:

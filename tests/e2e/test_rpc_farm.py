@@ -12,8 +12,7 @@ from typing import Any
 import psutil
 import pytest
 
-from tests.conftest import _reset_pg
-from tests.e2e.farm import TARGET, Farm
+from tests.e2e.farm import TARGET, Farm, running_farm
 from tests.support.rpcfarm import FarmProcess, LocalRpcFarm
 from tuner.db import Store
 from tuner.measure import Invalidity
@@ -30,13 +29,8 @@ def boards(tmp_path: Path) -> Iterator[LocalRpcFarm]:
 
 @pytest.fixture
 def farm(pg_url: str, private_redis_url: str, tmp_path: Path) -> Iterator[Farm]:
-    _reset_pg(pg_url)
-    f = Farm(db_url=pg_url, redis_url=private_redis_url, workdir=tmp_path, TUNEFARM_LEASE_S="10")
-    try:
-        f.start_api()
+    with running_farm(pg_url, private_redis_url, tmp_path, TUNEFARM_LEASE_S="10") as f:
         yield f
-    finally:
-        f.stop()
 
 
 def _rpc_worker(farm: Farm, boards: LocalRpcFarm, name: str) -> None:
@@ -90,14 +84,24 @@ def test_job_runs_on_two_rpc_boards(farm: Farm, boards: LocalRpcFarm, pg_url: st
     assert {_board(r) for r in recs} == {f"127.0.0.1:{s.port}" for s in boards.servers}
 
 
+def _in_session(s: FarmProcess) -> bool:
+    try:
+        return len(psutil.Process(s.proc.pid).children(recursive=True)) > 1
+    except psutil.NoSuchProcess:
+        return False
+
+
 def _busy_board(boards: LocalRpcFarm) -> FarmProcess | None:
-    """The board serving a session now: its server forks a child per session."""
+    """The board serving a session now: its server forks a child per session. Seen in session
+    three times 0.15 s apart (a run holds its board for over a second), so that a session child
+    still exiting after its run (slow on a loaded machine) is not taken for a run."""
     for s in boards.live_servers():
-        try:
-            if len(psutil.Process(s.proc.pid).children(recursive=True)) > 1:
-                return s
-        except psutil.NoSuchProcess:
-            continue
+        seen = 0
+        while seen < 3 and _in_session(s):
+            seen += 1
+            time.sleep(0.15)
+        if seen == 3:
+            return s
     return None
 
 

@@ -13,8 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tests.conftest import _reset_pg
-from tests.e2e.farm import TARGET, Farm
+from tests.e2e.farm import TARGET, Farm, running_farm
 from tuner.db import Store
 from tuner.measure import Invalidity
 
@@ -23,13 +22,8 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture
 def farm(pg_url: str, private_redis_url: str, tmp_path: Path) -> Iterator[Farm]:
-    _reset_pg(pg_url)
-    f = Farm(db_url=pg_url, redis_url=private_redis_url, workdir=tmp_path)
-    try:
-        f.start_api()
+    with running_farm(pg_url, private_redis_url, tmp_path) as f:
         yield f
-    finally:
-        f.stop()
 
 
 def _wait_terminal(client: Any, job_id: str, timeout: float, farm: Farm) -> dict[str, Any]:

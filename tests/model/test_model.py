@@ -61,6 +61,13 @@ def test_a_python_model_partitions_into_merged_tasks(model_py: Path) -> None:
     assert tasks[0].name.startswith("fused_matmul_relu")  # heaviest first
 
 
+def test_the_readmes_example_model_has_three_tasks() -> None:
+    tasks = extract(partition(load_model(REPO / "bench" / "example_model.py"), "host"),
+                    make_target("host"))
+    names = sorted(re.sub(r"\d+", "", t.name) for t in tasks)
+    assert names == ["fused_matmul_add_add", "fused_matmul_add_gelu", "layer_norm"], names
+
+
 def test_a_tvmscript_model_is_parsed_not_run(tmp_path: Path) -> None:
     bb = relax.BlockBuilder()
     x = relax.Var("x", relax.TensorType((8, 16), "float32"))
