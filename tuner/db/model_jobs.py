@@ -118,6 +118,14 @@ class ModelRow:
     def spent(self) -> int:
         return sum(t.trials for t in self.tasks)
 
+    @property
+    def estimate_s(self) -> float | None:
+        """The model's latency as its tasks' best records say now: Σ weight × best (None while
+        a task has no valid record)."""
+        if any(t.best_s is None for t in self.tasks):
+            return None
+        return sum(t.weight * (t.best_s or 0.0) for t in self.tasks)
+
 
 @dataclass(frozen=True)
 class RoundState:

@@ -127,7 +127,9 @@ class ModelPublic(BaseModel):
     round_trials: int
     wall_budget_s: float | None = None
     options: dict[str, Any] = Field(default_factory=dict)
-    estimate_s: float | None = Field(description="None until every task has a valid record.")
+    estimate_s: float | None = Field(
+        description="Σ weight × best task latency now; None until every task has a valid "
+                    "record.")
     estimates: list[tuple[int, float | None]] = Field(
         description="(trials spent, estimate) after each round: the latency falling.")
     message: str
@@ -145,7 +147,7 @@ class ModelPublic(BaseModel):
             target=json.loads(row.target_json), device_key=row.device_key, space=row.space,
             trials=row.trials, trials_done=row.spent, round_trials=row.round_trials,
             wall_budget_s=row.wall_budget_s, options=row.options,
-            estimate_s=row.estimates[-1][1] if row.estimates else None,
+            estimate_s=row.estimate_s,
             estimates=row.estimates, message=row.message, error=row.error,
             tasks=[ModelTaskPublic(
                 name=t.name, weight=t.weight, workload_key=t.workload_key, space=t.space,

@@ -83,17 +83,13 @@ def task_workloads(tasks: list[ModelTask]) -> list[Workload]:
 
 
 def progress(model: model_jobs.ModelRow, message: str) -> ModelProgress:
-    return ModelProgress(model.spent, model.trials, latest_estimate(model), tasks_of(model),
+    return ModelProgress(model.spent, model.trials, model.estimate_s, tasks_of(model),
                          message)
 
 
 def tasks_of(model: model_jobs.ModelRow) -> list[TaskProgress]:
     return [TaskProgress(t.name, t.weight, t.workload_key, t.prior_trials + t.trials, t.best_s)
             for t in model.tasks]
-
-
-def latest_estimate(model: model_jobs.ModelRow) -> float | None:
-    return model.estimates[-1][1] if model.estimates else None
 
 
 def first_estimate(model: model_jobs.ModelRow) -> float | None:
@@ -139,7 +135,7 @@ class ModelTuner:
                                              f"({summary.stop_reason})"))
         model = model_jobs.get_model(self.store, model.id)
         return ModelSummary(model.id, model.spent, rounds, first_estimate(model),
-                            latest_estimate(model), time.monotonic() - t0, model.message,
+                            model.estimate_s, time.monotonic() - t0, model.message,
                             tasks_of(model))
 
     def _create(self, req: ModelRequest, workloads: list[Workload]) -> model_jobs.ModelRow:
