@@ -98,12 +98,9 @@ def advance(ctx: ApiContext, model_id: str) -> None:
 
 def get(ctx: ApiContext, model_id: str, principal: Principal) -> ModelRow:
     """The model job, if `principal` may see it (its owner, or an admin)."""
-    try:
-        model = model_jobs.get_model(ctx.store, model_id)
-    except NotFound:
-        model = None
-    if model is None or (principal.scope is not Scope.ADMIN and model.owner != principal.owner):
-        raise NotFound(f"no model job {model_id!r}")
+    model = model_jobs.get_model(ctx.store, model_id)  # NotFound: a 404
+    if principal.scope is not Scope.ADMIN and model.owner != principal.owner:
+        raise NotFound(f"no model job {model_id!r}")  # as if it did not exist
     return model
 
 

@@ -118,7 +118,7 @@ def _ranking(cold: Path, jobs: dict[str, tuple[int, str]], objective: str) -> di
         tref = store.get_target(store.get_job(next(iter(jobs.values()))[1]).target_id)  # type: ignore[union-attr]
         assert tref is not None
         rows = cm.newest_rows(store, tref.id, 1_000_000, dim=FEATURE_DIM)
-        y = farm_model._labels(store, tref, rows)
+        y = farm_model.labels(store, tref, rows)
         for wid_name, (wid, _job) in jobs.items():
             mine = rows.workload_ids == wid
             rest = cm.TrainingRows(rows.ids[~mine], rows.workload_ids[~mine],

@@ -143,7 +143,7 @@ def test_incremental_updates_rank_like_a_full_refit(store: Store, tref: TargetRe
         assert update is not None and not update.full
     incremental = farm_model.booster_of(cm.latest(store, tref.id))  # type: ignore[arg-type]
     rows = cm.newest_rows(store, tref.id, 10_000, dim=FEATURE_DIM)
-    full = farm_model.train(rows, farm_model._labels(store, tref, rows), CFG)
+    full = farm_model.train(rows, farm_model.labels(store, tref, rows), CFG)
     x = _x(np.random.default_rng(99), 300)
     groups = np.repeat(np.arange(10), 30)
     truth = 1.0 / _latency(x, 5)

@@ -56,6 +56,10 @@ class TrainingRows:
     def __len__(self) -> int:
         return len(self.ids)
 
+    def latencies(self) -> list[float | None]:
+        """Each row's median latency; None for a failed kernel."""
+        return [None if np.isnan(v) else float(v) for v in self.median_s]
+
     def __add__(self, other: TrainingRows) -> TrainingRows:
         return TrainingRows(np.concatenate([self.ids, other.ids]),
                             np.concatenate([self.workload_ids, other.workload_ids]),

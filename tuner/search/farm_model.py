@@ -106,10 +106,10 @@ def kendall_tau(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.sum(x * y) / np.sqrt(float(n_a) * float(n_b)))
 
 
-def _labels(store: Store, tref: TargetRef, rows: cm.TrainingRows) -> np.ndarray:
-    best = cm.workload_best(store, tref.id, [int(w) for w in rows.workload_ids])
-    lats = [None if np.isnan(v) else float(v) for v in rows.median_s]
-    return throughput_labels([int(w) for w in rows.workload_ids], lats, best)
+def labels(store: Store, tref: TargetRef, rows: cm.TrainingRows) -> np.ndarray:
+    """Each row's throughput relative to the best of its workload on the target (all records)."""
+    wids = [int(w) for w in rows.workload_ids]
+    return throughput_labels(wids, rows.latencies(), cm.workload_best(store, tref.id, wids))
 
 
 def train(rows: cm.TrainingRows, y: np.ndarray, cfg: FarmModelConfig, *,
@@ -144,7 +144,7 @@ def refresh(store: Store, tref: TargetRef, *, full: bool = False,
         rows = cm.newest_rows(store, tref.id, cfg.max_rows, dim=FEATURE_DIM)
         if len(rows) < 2:
             return None
-        y = _labels(store, tref, rows)
+        y = labels(store, tref, rows)
         if float(y.max()) <= 0.0:
             return None
         booster, learned = train(rows, y, cfg), len(rows)
@@ -153,7 +153,7 @@ def refresh(store: Store, tref: TargetRef, *, full: bool = False,
                              limit=cfg.max_new)
         if len(rows) < cfg.min_new:
             return None
-        y = _labels(store, tref, rows)
+        y = labels(store, tref, rows)
         old = booster_of(prev)
         metrics = ranking_metrics(np.asarray(old.predict(xgb.DMatrix(rows.features))), y,
                                   rows.workload_ids)
@@ -162,7 +162,7 @@ def refresh(store: Store, tref: TargetRef, *, full: bool = False,
         older = cm.sample_before(store, tref.id, prev.last_record_id,
                                  cfg.rehearsal * len(rows), dim=FEATURE_DIM, seed=prev.version)
         both = older + rows
-        booster = train(both, _labels(store, tref, both), cfg, prev=old)
+        booster = train(both, labels(store, tref, both), cfg, prev=old)
         learned = prev.rows + len(rows)
     version = 1 if prev is None else prev.version + 1
     saved = cm.save(store, target_id=tref.id, version=version, objective=cfg.objective,

@@ -7,8 +7,6 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-import numpy as np
-
 from schedules.registry import replay
 from tuner import tvm_api as tv
 from tuner.config import get_settings
@@ -72,7 +70,6 @@ def trained_cost_model(store: Store, tref: TargetRef, wid: int, seed: int,
                          objective=stored.objective if stored is not None else cfg.objective)
     rows = cost_models.workload_rows(store, tref.id, wid, JOB_HISTORY_ROWS, dim=FEATURE_DIM)
     if len(rows):
-        model.add(rows.features, [None if np.isnan(v) else float(v) for v in rows.median_s],
-                  group=wid)
+        model.add(rows.features, rows.latencies(), group=wid)
         model.fit()
     return model
