@@ -24,7 +24,7 @@ from . import errors
 from .context import ApiContext
 from .hygiene import BodyLimitMiddleware, NulFreeUrlMiddleware
 from .metrics import Metrics, MetricsMiddleware
-from .routes import best, health, jobs, models, spaces, tokens, work, workers
+from .routes import best, health, jobs, models, spaces, tokens, ui, work, workers
 
 log = logging.getLogger(__name__)
 
@@ -82,8 +82,10 @@ def create_app(settings: Settings | None = None, *, freeze_gc: bool = False) -> 
     app.add_middleware(NulFreeUrlMiddleware)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
     app.add_middleware(MetricsMiddleware, metrics=metrics)  # outermost: counts 413s too
-    for module in (jobs, models, best, spaces, workers, work, tokens, health):
+    for module in (jobs, models, best, spaces, workers, work, tokens, health, ui):
         app.include_router(module.router)
+    app.include_router(tokens.whoami_router)
+    ui.mount(app)
     return app
 
 
@@ -93,8 +95,12 @@ def serve(settings: Settings | None = None, *, host: str | None = None, port: in
     request costs the hot path (`/metrics` counts requests). An open event stream does not hold
     up a shutdown: its client reconnects with Last-Event-ID."""
     import uvicorn
+    from uvicorn.config import LOGGING_CONFIG
 
     settings = settings or get_settings()
+    # with TUNEFARM_LOG_FORMAT=json uvicorn's own lines go through the root logger's JSON
+    # formatter (`tuner.logs.setup`, done by `tunefarm serve`) instead of its text handlers
+    log_config = None if settings.log_format == "json" else LOGGING_CONFIG
     uvicorn.run(create_app(settings, freeze_gc=True), host=host or settings.api_host,
                 port=port or settings.api_port, log_level=log_level, access_log=False,
-                proxy_headers=True, timeout_graceful_shutdown=5)
+                proxy_headers=True, timeout_graceful_shutdown=5, log_config=log_config)

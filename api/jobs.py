@@ -98,9 +98,15 @@ def may_see(principal: Principal, job: JobRow) -> bool:
     return principal.scope is Scope.ADMIN or job.owner == principal.owner
 
 
-def list_owner(principal: Principal) -> str | None:
-    """Whose jobs `principal` lists: its own (None: everyone's, for an admin)."""
-    return None if principal.scope is Scope.ADMIN else principal.owner
+def list_owner(principal: Principal, wanted: str | None = None) -> str | None:
+    """Whose jobs `principal` lists: its own (None: everyone's, for an admin), narrowed to
+    `wanted` by an admin. Check `may_list` first: another owner's `wanted` lists nothing."""
+    return wanted if principal.scope is Scope.ADMIN else principal.owner
+
+
+def may_list(principal: Principal, wanted: str | None) -> bool:
+    """False when a non-admin asks for another owner's jobs (an empty page, not an error)."""
+    return principal.scope is Scope.ADMIN or wanted in (None, principal.owner)
 
 
 def get(ctx: ApiContext, job_id: str, principal: Principal) -> JobRow:

@@ -1,5 +1,7 @@
 """Prometheus metrics: request counts and latency by route (a pure ASGI middleware, cheap enough
-for the hot GET /v1/best path), and jobs by state / records total read from SQL at scrape time.
+for the hot GET /v1/best path), jobs by state / records total read from SQL at scrape time, and
+the measurement queue's lease reclaims and dead letters, which happen here: the API runs the
+queue for the workers (`api.work`).
 
 Each app has its own `CollectorRegistry`, so several apps (tests) can live in one process.
 """
@@ -18,6 +20,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from tuner.db import stats
 from tuner.db.store import Store
+from tuner.telemetry import LabelCap
 
 from .asgi import HttpMiddleware
 
@@ -34,12 +37,27 @@ class Metrics:
         self.latency = Histogram("tunefarm_http_request_duration_seconds",
                                  "Time to answer an HTTP request (to the response start)",
                                  ["method", "route"], buckets=BUCKETS, registry=self.registry)
+        self.reclaims = Counter("tunefarm_lease_reclaims", "Measurement entries handed to "
+                                "another worker after the worker holding them let the lease "
+                                "lapse", ["device_key"], registry=self.registry)
+        self.dead_letters = Counter("tunefarm_dead_letters", "Measurement entries moved to the "
+                                    "dead-letter stream, by reason: max_deliveries (reclaimed "
+                                    "too often), invalid_input (not a valid MeasureInput), "
+                                    "worker (the worker gave up on it)",
+                                    ["device_key", "reason"], registry=self.registry)
+        self.device_key = LabelCap(64)
         self.store = store
         self.registry.register(_SqlCollector(self))
 
     def observe(self, method: str, route: str, status: int, seconds: float) -> None:
         self.requests.labels(method, route, str(status)).inc()
         self.latency.labels(method, route).observe(seconds)
+
+    def reclaimed(self, device_key: str, n: int = 1) -> None:
+        self.reclaims.labels(self.device_key(device_key)).inc(n)
+
+    def dead_lettered(self, device_key: str, reason: str, n: int = 1) -> None:
+        self.dead_letters.labels(self.device_key(device_key), reason).inc(n)
 
 
 class _SqlCollector(Collector):

@@ -25,10 +25,10 @@ from tuner.db.views import (
 )
 
 __all__ = [
-    "DEVICE_KEY_PATTERN", "BestPublic", "BestSoFar", "DeviceKey", "Health", "Heartbeat",
-    "JobCreate", "JobPage", "JobPublic", "ModelCreate", "ModelPage", "ModelPublic",
+    "DEVICE_KEY_PATTERN", "OP", "BestPublic", "BestSoFar", "DeviceKey", "Health", "Heartbeat",
+    "JobCreate", "JobPage", "JobPoints", "JobPublic", "ModelCreate", "ModelPage", "ModelPublic",
     "ModelTaskCreate", "ModelTaskPublic", "Problem", "RecordPage", "RecordPublic", "ResultCreate",
-    "ResultPublic", "WorkerCreate", "WorkerPublic", "WorkerRegistered",
+    "ResultPublic", "Whoami", "WorkerCreate", "WorkerPublic", "WorkerRegistered", "WorkloadBest",
 ]
 
 DEVICE_KEY_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
@@ -105,6 +105,55 @@ class JobPage(BaseModel):
 class RecordPage(BaseModel):
     items: list[RecordPublic]
     next_cursor: str | None
+
+
+OP = r"^[a-z][a-z0-9_]{0,31}$"  # a workload op name, as `Workload.op` stores it
+
+
+class JobPoints(BaseModel):
+    """A job's measurements as columns (index i of each list is the i-th record stored)."""
+
+    flops: int = Field(description="Floating-point operations of one run of the workload (0: "
+                                   "unknown, so no GFLOPS).")
+    trial_id: list[str]
+    latency_s: list[float | None]
+    gflops: list[float | None]
+    invalidity: list[str]
+    worker: list[str | None]
+    build_s: list[float | None]
+    predicted_s: list[float | None]
+    measured_at: list[str]
+
+
+class WorkloadBest(BaseModel):
+    """The best valid record of a workload on a target, and how far the search came from the
+    first valid candidate measured there (`speedup` = first_s / best_s)."""
+
+    workload_key: str
+    op: str
+    description: str
+    target: dict[str, Any]
+    device_key: str
+    records: int
+    valid: int
+    best_s: float
+    best_gflops: float | None
+    best_trial_id: str
+    first_s: float
+    speedup: float
+    last_measured_at: str
+
+
+class Whoami(BaseModel):
+    """The calling token, as the dashboard shows it, and what the farm knows of its boards."""
+
+    name: str
+    scope: str
+    owner: str
+    device_key: str | None = Field(description="The device key a worker token is bound to.")
+    peak_gflops: dict[str, float] = Field(
+        description="The fp32 peak of each device key whose operator declared one "
+                    "(TUNEFARM_PEAK_GFLOPS), for '% of peak'.")
 
 
 # --- model jobs ----------------------------------------------------------------------------

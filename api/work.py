@@ -39,6 +39,7 @@ from tuner.measure import MeasureInput, MeasureOptions
 from tuner.queue import Keys, is_cancelled, streams
 
 from .context import ApiContext
+from .metrics import Metrics
 
 log = logging.getLogger(__name__)
 
@@ -169,7 +170,14 @@ def dead_letter(ctx: ApiContext, worker: WorkerRow, entry_ids: list[str],
         streams.dead_letter(r, ctx.keys, worker.device_key, entry,
                             reason=f"worker {worker.id}: {reason}")
         out.append(entry_id)
+    if out and (m := _metrics(ctx)) is not None:
+        m.dead_lettered(worker.device_key, "worker", len(out))
     return out
+
+
+def _metrics(ctx: ApiContext) -> Metrics | None:
+    """The app's metrics (absent from a context built outside the app, in tests)."""
+    return ctx.extra.get("metrics")
 
 
 # --------------------------------------------------------------------------- lease
@@ -226,15 +234,20 @@ def _reclaim(ctx: ApiContext, worker: WorkerRow, n: int) -> list[LeasedEntry]:
     r, s = ctx.sync_redis, ctx.settings
     stream = ctx.keys.measure(worker.device_key)
     keep = []
+    m = _metrics(ctx)
     for e in streams.reclaim(r, stream, Keys.WORKERS_GROUP, worker.id, min_idle_s=s.lease_s,
                              count=n):
         if e.deliveries > s.max_deliveries:
             streams.dead_letter(r, ctx.keys, worker.device_key, e, reason=(
                 f"delivered {e.deliveries} times (max {s.max_deliveries}): the workers "
                 "measuring it died or lost it"))
+            if m is not None:
+                m.dead_lettered(worker.device_key, "max_deliveries")
         else:
             log.info("worker %s reclaimed entry %s (delivery %d)", worker.id, e.id, e.deliveries)
             keep.append(e)
+    if keep and m is not None:
+        m.reclaimed(worker.device_key, len(keep))
     return _vet(ctx, worker, keep)
 
 
@@ -249,6 +262,8 @@ def _vet(ctx: ApiContext, worker: WorkerRow, entries: list[streams.Entry]) -> li
         except ValueError as exc:
             streams.dead_letter(r, ctx.keys, worker.device_key, e,
                                 reason=f"not a valid MeasureInput: {exc}")
+            if (m := _metrics(ctx)) is not None:
+                m.dead_lettered(worker.device_key, "invalid_input")
             continue
         job_id = (inp.context or {}).get("job_id")
         if job_id and is_cancelled(r, ctx.keys, job_id):

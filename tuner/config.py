@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from functools import lru_cache
 from pathlib import Path
+from typing import Literal
 
 import platformdirs
 from pydantic import Field
@@ -57,6 +58,9 @@ class Settings(BaseSettings):
     job_lease_s: float = 30.0  # a tuner that stops renewing this long loses its job to another
     quarantine_after: int = 3  # infrastructure failures in a row before a worker quarantines itself
     probe_s: float = 10.0  # between health probes of a quarantined worker's board
+    # the dashboard's "% of peak": fp32 GFLOPS of a board of each device key, as its operator
+    # measured it (bench/peak.c), e.g. TUNEFARM_PEAK_GFLOPS='{"local": 230}'
+    peak_gflops: dict[str, float] = {}
 
     # security (README "Security"): sandboxes, quotas, HTTP limits
     sandbox_memory_mb: int = 8192  # address space of a build/run/parse child (RLIMIT_AS)
@@ -74,6 +78,11 @@ class Settings(BaseSettings):
     metrics_token: str | None = None  # if set, GET /metrics needs `Authorization: Bearer` it
     token_cache_s: float = 1.0  # a revoked token is refused by every API process within this
     trial_ttl_s: float = 3600.0  # an issued trial accepts its result until then (and once)
+
+    # observability: /metrics of a tuner or worker (0: none; `--metrics-port` overrides), logs
+    metrics_port: int = Field(default=0, ge=0, le=65535)
+    metrics_host: str = "127.0.0.1"  # 0.0.0.0 for a scraper on another host
+    log_format: Literal["text", "json"] = "text"  # json: one object per line, with job/trial ids
 
     def job_seed(self, seed: int | None) -> int:
         """A job's search seed: the explicit one, else TUNEFARM_SEED, else 0."""

@@ -9,6 +9,7 @@ text the CLI prints with `--json` and the API sends.
 
 from __future__ import annotations
 
+import logging
 from typing import Any, TypeVar
 
 from schedules.registry import replay
@@ -18,24 +19,37 @@ from tuner.db.views import BestPublic, ListedRecord, RecordPublic
 from tuner.errors import NotFound
 from tuner.workloads import Workload
 
+log = logging.getLogger(__name__)
 record_from = NewRecord.from_measurement  # the SQL record of a measured MeasureInput
 T = TypeVar("T")
+REPLAY_TRIES = 8
 
 
 def best_record(store: Store, workload: Workload, target: dict[str, Any],
                 device_key: str = "local") -> dict[str, Any]:
     """The fastest valid record (a `BestPublic`), with the schedule as replayable trace JSON
-    and as Python. `NotFound` when the workload has no valid record on that target."""
+    and as Python. `NotFound` when the workload has no valid record on that target. A record
+    whose trace no longer replays (imported, or from another TVM) is passed over for the next
+    fastest, among the `REPLAY_TRIES` fastest."""
     tjson = tv.canonical_target_json(tv.make_target(target))
     wrow = store.workload_by_key(workload.key)
     tref = store.target_by_key(target_key(tjson, device_key))
-    best = store.best(wrow.id, tref.id, k=1) if wrow and tref else []
-    if not best:
+    top = store.best(wrow.id, tref.id, k=REPLAY_TRIES) if wrow and tref else []
+    for row in top:
+        try:
+            sch = replay(workload.mod(), row.trace_json)
+        except Exception as exc:  # TVM raises ValueError, TVMError, ... on a bad trace
+            log.warning("record %s of %s does not replay (%s); trying the next fastest",
+                        row.trial_id, workload.key, str(exc).splitlines()[0][:200])
+            continue
+        break
+    else:
+        why = "tune it first" if not top else (
+            f"none of its {len(top)} fastest records replays here")
         raise NotFound(f"no valid record for {workload.description} ({workload.key}) on target "
-                       f"{tjson} / device {device_key!r}: tune it first")
-    sch = replay(workload.mod(), best[0].trace_json)
+                       f"{tjson} / device {device_key!r}: {why}")
     rec = BestPublic(
-        **RecordPublic.fields_of(best[0], workload_key=workload.key, flops=workload.flops,
+        **RecordPublic.fields_of(row, workload_key=workload.key, flops=workload.flops,
                                  target_json=tjson, device_key=device_key),
         workload=workload.spec,
         schedule_python="\n".join(sch.trace.as_python(remove_postproc=True)))

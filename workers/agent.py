@@ -33,10 +33,11 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Self
 
 from api.client import ApiError, Client
-from tuner import signals
+from tuner import logs, signals
 from tuner.errors import TunefarmError
 from tuner.isolation import undumpable
 from tuner.measure import Invalidity, MeasureInput, Measurer, MeasureResult
+from workers.metrics import Metered, MeteredClient
 
 log = logging.getLogger(__name__)
 
@@ -191,7 +192,8 @@ class Agent:
                     log.info("%s: %d held entries are left to other workers",
                              self.stats.state, len(todo) - i)
                     break
-                self._measure_post_ack(e, inp)
+                with logs.bound(job_id=(inp.context or {}).get("job_id"), trial_id=inp.trial_id):
+                    self._measure_post_ack(e, inp)
         finally:
             leases.drop(*(e.id for e in entries))
             if self.stats.state != "quarantined":
@@ -357,7 +359,7 @@ def run_worker(*, api_url: str, token: str | None, device_key: str,
     stop = stop_event or threading.Event()
     restore = signals.stop_on_signals(stop)
     undumpable()  # the token: not readable by a sandbox child of the same user
-    client = Client(api_url, token)
+    client = MeteredClient(api_url, token, device_key=device_key)  # counts reclaims, dead letters
     beat_client = Client(api_url, token, retries=0)
     lease_client = Client(api_url, token, retries=0)
     measurer: Measurer | None = None
@@ -381,6 +383,7 @@ def run_worker(*, api_url: str, token: str | None, device_key: str,
             from workers.local import LocalMeasurer
 
             measurer = LocalMeasurer(worker_id=cfg.worker_id)
+        measurer = Metered(measurer, device_key)  # counts and times every measurement
         from tuner.config import get_settings
 
         s = get_settings()

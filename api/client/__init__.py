@@ -73,6 +73,7 @@ class Client:
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self.retries = retries
         self.backoff_s = backoff_s
+        self.base_url = base_url.rstrip("/")
         self._http = httpx.Client(base_url=base_url.rstrip("/"), headers=headers,
                                   timeout=timeout, transport=transport)
 

@@ -5,10 +5,13 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import APIRouter, Query, Response
+from starlette.concurrency import run_in_threadpool
+
+from tuner.db import dashboard
 
 from .. import best
 from ..deps import CtxDep, ReaderDep
-from ..schemas import DEVICE_KEY_PATTERN, BestPublic, Problem
+from ..schemas import DEVICE_KEY_PATTERN, OP, BestPublic, Problem, WorkloadBest
 from . import V1
 
 router = APIRouter(prefix=V1, tags=["best"])
@@ -29,3 +32,17 @@ async def get_best(
     schedule as Python."""
     body = await best.lookup(ctx, workload, target, device_key)
     return Response(body, media_type="application/json")
+
+
+@router.get("/workloads", response_model=list[WorkloadBest], responses={
+    401: {"model": Problem}, 403: {"model": Problem}, 422: {"model": Problem}})
+async def list_best(
+    ctx: CtxDep, _: ReaderDep,
+    op: Annotated[str | None, Query(pattern=OP, description="Only workloads of this op")] = None,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 200,
+) -> list[WorkloadBest]:
+    """Every workload × target with a valid record, most recently measured first: its best
+    latency and GFLOPS, and the speed-up of the best over the first valid candidate measured
+    there. Shared like GET /v1/best: no TVMScript, no job or owner."""
+    rows = await run_in_threadpool(dashboard.best_table, ctx.store, limit=limit, op=op)
+    return [WorkloadBest(**row.as_dict()) for row in rows]

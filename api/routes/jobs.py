@@ -11,13 +11,14 @@ from fastapi import APIRouter, Header, Query, Response
 from fastapi.responses import StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
+from tuner.db import dashboard
 from tuner.db import jobs as jobs_db
 from tuner.db.models import JobState
 
 from .. import jobs
 from ..deps import CtxDep, UserDep
 from ..events import SSE_HEADERS, event_stream, parse_last_event_id
-from ..schemas import JobCreate, JobPage, JobPublic, Problem, RecordPage
+from ..schemas import NO_NUL, OP, JobCreate, JobPage, JobPoints, JobPublic, Problem, RecordPage
 from . import V1
 
 router = APIRouter(prefix=f"{V1}/jobs", tags=["jobs"])
@@ -32,6 +33,8 @@ CURSOR = ("The `next_cursor` of the previous page, unchanged (anything else: 400
           "`bad_cursor`).")
 JOB_LOCATION = "/v1/jobs/{}"
 # an Idempotency-Key: 1-200 visible ASCII characters (spaces inside only); empty -> 422
+OWNER = ("Only this owner's jobs (an admin's filter; other tokens always see only their own "
+         "jobs, so another owner gives an empty page).")
 IDEMPOTENCY_KEY = r"^[!-~](?:[ -~]*[!-~])?$"
 
 
@@ -55,12 +58,18 @@ def submit_job(body: JobCreate, response: Response, ctx: CtxDep, principal: User
 
 @router.get("", response_model=JobPage, responses=_PAGED)
 def list_jobs(ctx: CtxDep, principal: UserDep, state: JobState | None = None,
+              op: Annotated[str | None, Query(pattern=OP, description=(
+                  "Only jobs of this workload op (`matmul`, `conv2d`, `tir`, ...)"))] = None,
+              owner: Annotated[str | None, Query(min_length=1, max_length=128, pattern=NO_NUL,
+                                                 description=OWNER)] = None,
               limit: Annotated[int, Query(ge=1, le=500)] = 50,
               cursor: Annotated[str | None, Query(description=CURSOR)] = None) -> JobPage:
     """The caller's jobs (an admin: everyone's), newest first, one page at a time (pass
     `next_cursor` back as `cursor`)."""
+    if not jobs.may_list(principal, owner):
+        return JobPage(items=[], next_cursor=None)
     rows, nxt = jobs_db.list_jobs(ctx.store, state=state, limit=limit, cursor=cursor,
-                                  owner=jobs.list_owner(principal))
+                                  owner=jobs.list_owner(principal, owner), op=op)
     return JobPage(items=[jobs_db.job_view(ctx.store, r) for r in rows], next_cursor=nxt)
 
 
@@ -84,6 +93,15 @@ def job_records(job_id: str, ctx: CtxDep, principal: UserDep,
     """A job's measured records in the order they were stored."""
     items, nxt = jobs.records_page(ctx, job_id, principal, limit=limit, cursor=cursor)
     return RecordPage(items=items, next_cursor=nxt)
+
+
+@router.get("/{job_id}/points", response_model=JobPoints, responses=_PROBLEMS)
+def job_points(job_id: str, ctx: CtxDep, principal: UserDep) -> JobPoints:
+    """Every measurement of the job as columns, in the order stored, without traces: what a
+    chart of the job draws (the dashboard's tuning curve and records table)."""
+    job = jobs.get(ctx, job_id, principal)
+    flops = jobs_db.job_stats(ctx.store, job).flops
+    return JobPoints(flops=flops, **dashboard.job_points(ctx.store, job.id, flops))
 
 
 @router.get("/{job_id}/events", response_class=StreamingResponse, responses={

@@ -16,8 +16,8 @@ from starlette.concurrency import run_in_threadpool
 from tuner.db import tokens as tokens_db
 from tuner.db.tokens import TokenInfo
 
-from ..deps import AdminDep, CtxDep
-from ..schemas import DEVICE_KEY_PATTERN, Problem
+from ..deps import AdminDep, CtxDep, CurrentPrincipal
+from ..schemas import DEVICE_KEY_PATTERN, Problem, Whoami
 from . import V1
 
 router = APIRouter(prefix=f"{V1}/tokens", tags=["tokens"])
@@ -82,3 +82,14 @@ async def revoke_token(token_id: TokenId, ctx: CtxDep, _: AdminDep) -> Response:
     await run_in_threadpool(tokens_db.revoke_token, ctx.store, token_id)
     ctx.tokens.forget(token_id)
     return Response(status_code=204)
+
+
+whoami_router = APIRouter(prefix=V1, tags=["tokens"])
+
+
+@whoami_router.get("/whoami", response_model=Whoami, responses=_PROBLEMS)
+async def whoami(ctx: CtxDep, principal: CurrentPrincipal) -> Whoami:
+    """The calling token's principal (any scope) and the boards' declared fp32 peaks: what the
+    dashboard shows after sign-in, and what it needs for "% of peak"."""
+    return Whoami(name=principal.name, scope=str(principal.scope), owner=principal.owner,
+                  device_key=principal.device_key, peak_gflops=dict(ctx.settings.peak_gflops))

@@ -81,6 +81,28 @@ def test_best_record_replays_to_the_measured_kernel(store: Store) -> None:
     np.testing.assert_allclose(out.numpy(), wl.reference(inputs)[0], rtol=1e-4, atol=1e-4)
 
 
+def test_best_record_passes_over_a_trace_that_no_longer_replays(store: Store) -> None:
+    from sqlalchemy import update
+
+    from tuner.db import models as m
+    from tuner.errors import NotFound
+
+    spec = {"op": "matmul", "shape": [32, 32, 32]}
+    with LocalMeasurer() as lm:
+        Tuner(store, lm).run(_req(spec, 4))
+    wl = parse_spec(spec)
+    ranked = [r.trial_id for r in sorted(
+        (r for r in store.records() if r.invalidity is Invalidity.OK), key=lambda r: r.median_s)]
+    assert len(ranked) >= 2
+    with store.session() as s:  # the fastest record's trace is one TVM cannot apply
+        s.execute(update(m.Record).where(m.Record.trial_id == ranked[0]).values(trace_json="[]"))
+    assert best_record(store, wl, TARGET)["trial_id"] == ranked[1]
+    with store.session() as s:
+        s.execute(update(m.Record).values(trace_json="[]"))
+    with pytest.raises(NotFound, match="fastest records replays here"):
+        best_record(store, wl, TARGET)
+
+
 def test_cost_model_starts_from_the_targets_history(store: Store) -> None:
     """After a job, the farm's model of the target holds its records; a job on another
     workload of the target starts from that model."""

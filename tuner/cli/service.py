@@ -29,16 +29,22 @@ ApiOpt = Annotated[str | None, typer.Option(
     "--api", help="API base URL (default: TUNEFARM_API_URL).")]
 TokenOpt = Annotated[str | None, typer.Option(
     "--token", help="Bearer token (default: TUNEFARM_TOKEN, else the one `tunefarm up` saved).")]
+MetricsPortOpt = Annotated[int | None, typer.Option(
+    "--metrics-port", min=0, max=65535,
+    help="Serve Prometheus metrics at http://HOST:PORT/metrics (default: TUNEFARM_METRICS_PORT; "
+         "0: none).")]
+MetricsHostOpt = Annotated[str | None, typer.Option(
+    "--metrics-host", help="Bind address of the metrics endpoint (default: TUNEFARM_METRICS_HOST, "
+                           "127.0.0.1; 0.0.0.0 for a scraper on another host).")]
 TERMINAL = ("SUCCEEDED", "FAILED", "CANCELLED")
 
 
 def _log_setup() -> None:
-    """Service processes log to stderr, one line per event (TUNEFARM_LOG_LEVEL, default INFO)."""
-    import logging
+    """Service processes log to stderr, one line per event (TUNEFARM_LOG_LEVEL, default INFO), as
+    text or as JSON objects with the job and trial ids (TUNEFARM_LOG_FORMAT=json)."""
+    from tuner import logs
 
-    level = os.environ.get("TUNEFARM_LOG_LEVEL", "INFO").upper()
-    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per request otherwise
+    logs.setup(get_settings().log_format, os.environ.get("TUNEFARM_LOG_LEVEL", "INFO"))
 
 
 def _settings(db: str | None = None, redis: str | None = None) -> Settings:
@@ -78,6 +84,8 @@ def serve(
     from api.app import serve as serve_api
 
     s = _settings(db, redis)
+    if s.log_format == "json":  # the app's and uvicorn's records as JSON objects
+        _log_setup()
     try:
         open_store(s.database_url)  # migrates the schema once, before the server starts
     except TunefarmError as exc:
@@ -85,17 +93,24 @@ def serve(
     serve_api(s, host=host, port=port)
 
 
-def tuner_cmd(db: DbOpt = None, redis: RedisOpt = None) -> None:
+def tuner_cmd(db: DbOpt = None, redis: RedisOpt = None, metrics_port: MetricsPortOpt = None,
+              metrics_host: MetricsHostOpt = None) -> None:
     """Run search loops for queued jobs (several tuner processes may run)."""
+    from tuner.service import metrics
     from tuner.service.runner import run_tuner
 
     _log_setup()
     s = _settings(db, redis)
+    server = None
     try:
         _check_redis(s.redis_url)
+        server = metrics.start(s, metrics_port, metrics_host)
         run_tuner(store_url=s.resolved_database_url(), redis_url=s.redis_url, prefix=s.redis_prefix)
     except TunefarmError as exc:
         fail(exc)
+    finally:
+        if server is not None:
+            server.close()
 
 
 def worker(
@@ -110,22 +125,29 @@ def worker(
         min=1, help="Entries taken at once (built in parallel, run one at a time per "
                     "board).")] = 1,
     api: ApiOpt = None, token: TokenOpt = None,
+    metrics_port: MetricsPortOpt = None, metrics_host: MetricsHostOpt = None,
 ) -> None:
     """Measure candidates for a device key: on this machine (local mode), or on the boards of a
     TVM RPC tracker (--rpc-tracker). The worker needs only the API (--api) and a worker token:
     it takes its work, posts its results and heartbeats over HTTP (no Redis, no database)."""
+    from workers import metrics
     from workers.agent import run_worker
 
     _log_setup()
     s = get_settings()
+    server = None
     try:
         tracker = _host_port(rpc_tracker) if rpc_tracker else None
         tgt = target_arg(target, runnable_here=tracker is None)
-        run_worker(api_url=api or s.api_url, token=client_token(token),
-                   device_key=device_key, target=tgt, name=name, concurrency=concurrency,
-                   rpc_tracker=tracker, rpc_key=rpc_key)
+        tok = client_token(token)
+        server = metrics.start(s, metrics_port, metrics_host)
+        run_worker(api_url=api or s.api_url, token=tok, device_key=device_key, target=tgt,
+                   name=name, concurrency=concurrency, rpc_tracker=tracker, rpc_key=rpc_key)
     except TunefarmError as exc:
         fail(exc)
+    finally:
+        if server is not None:
+            server.close()
 
 
 def _host_port(text: str) -> tuple[str, int]:
@@ -170,6 +192,7 @@ def submit(
         fail(exc if isinstance(exc, TunefarmError) else TunefarmError(str(exc)))
     console.print(f"job [bold]{job['id']}[/] {job['state']}: {job['workload_key']} on "
                   f"{json.dumps(job['target'])} ({job['device_key']})", highlight=False)
+    err.print(f"watch it at {client.base_url}/ui#/jobs/{job['id']}", highlight=False)
     if not follow:
         sys.stdout.write(job["id"] + "\n")
         return
@@ -205,7 +228,8 @@ def up(
     device_key: Annotated[str, typer.Option(help="Device key of the local worker.")] = "local",
     db: DbOpt = None, redis: RedisOpt = None,
 ) -> None:
-    """Start the API, one tuner and one local worker on this host (Ctrl-C stops all three)."""
+    """Start the API, one tuner and one local worker on this host (Ctrl-C stops all three).
+    With TUNEFARM_METRICS_PORT=N, the tuner serves /metrics on port N and the worker on N+1."""
     from api.client import wait_ready
 
     s = _settings(db, redis)
@@ -224,10 +248,12 @@ def up(
     internal = {"TUNEFARM_DATABASE_URL": s.resolved_database_url(),
                 "TUNEFARM_REDIS_URL": s.redis_url}
     cli = [sys.executable, "-m", "tuner"]
+    # TUNEFARM_METRICS_PORT=N: the tuner's metrics on N, the worker's on N+1 (not both on N)
+    mport = s.metrics_port
     specs = [("api", [*cli, "serve", "--host", host, "--port", str(port)], internal),
-             ("tuner", [*cli, "tuner"], internal),
-             ("worker", [*cli, "worker", "--device-key", device_key],
-              {"TUNEFARM_TOKEN": worker_tok})]
+             ("tuner", [*cli, "tuner", "--metrics-port", str(mport)], internal),
+             ("worker", [*cli, "worker", "--device-key", device_key, "--metrics-port",
+                         str(mport + 1 if mport else 0)], {"TUNEFARM_TOKEN": worker_tok})]
     procs: dict[str, subprocess.Popen[bytes]] = {}
     try:
         for name, cmd, extra in specs:  # the API first: the worker registers with it
@@ -236,8 +262,9 @@ def up(
                                                 alive=lambda: procs["api"].poll() is None):
                 err.print(f"[bold red]the API did not become ready at {api_url}; stopping[/]")
                 raise typer.Exit(1)
-        console.print(f"tunefarm is up: API {api_url} (docs {api_url}/v1/docs), 1 tuner, 1 worker "
-                      f"({device_key}); database {store.safe_url}")
+        console.print(f"tunefarm is up: API {api_url} (docs {api_url}/v1/docs, dashboard "
+                      f"{api_url}/ui), 1 tuner, 1 worker ({device_key}); database "
+                      f"{store.safe_url}")
         console.print(f"user token {'reused from' if reused else 'saved to'} {token_file()} "
                       "(`tunefarm submit` uses it):")
         sys.stdout.write(user_tok + "\n")

@@ -286,15 +286,17 @@ def release(store: Store, job_id: str, owner: str) -> None:
 
 
 def list_jobs(store: Store, *, state: JobState | str | None = None, limit: int = 50,
-              cursor: str | None = None, owner: str | None = None
+              cursor: str | None = None, owner: str | None = None, op: str | None = None
               ) -> tuple[list[JobRow], str | None]:
-    """Newest first (of one `owner`, else of everyone); returns a page and the cursor of the
-    next page (None: last page)."""
+    """Newest first (of one `owner`, else of everyone; of one workload `op`, else of all);
+    returns a page and the cursor of the next page (None: last page)."""
     q = select(m.Job).order_by(m.Job.created_at.desc(), m.Job.id.desc()).limit(limit + 1)
     if owner is not None:
         q = q.where(m.Job.owner == owner)
     if state is not None:
         q = q.where(m.Job.state == JobState(state).value)
+    if op is not None:
+        q = q.where(m.Job.workload_id.in_(select(m.Workload.id).where(m.Workload.op == op)))
     if cursor:
         when, job_id = cursors.parse_job_cursor(cursor)
         q = q.where(or_(m.Job.created_at < when,

@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 import xgboost as xgb
 
+from tuner.search import observe
 from tuner.tvm_api import derived_object, ms, structural_hash
 
 log = logging.getLogger(__name__)
@@ -182,7 +183,9 @@ class XGBCostModel(ms.cost_model.PyCostModel):
         nthread = 1 if len(y) < SMALL_TRAINING_SET else self._nthread
         params = xgb_params(self.objective, seed=self._seed, nthread=nthread, light=True)
         self._booster = xgb.train(params, dtrain, num_boost_round=self._num_rounds)
-        self.fit_s += time.perf_counter() - t0
+        secs = time.perf_counter() - t0
+        self.fit_s += secs
+        observe.fitted("job", secs)
 
     def predict_features(self, x: np.ndarray) -> np.ndarray:
         """Scores (larger: faster); for the regression objective, the predicted throughput

@@ -31,6 +31,7 @@ import xgboost as xgb
 from tuner.db import cost_models as cm
 from tuner.db.rows import TargetRef
 from tuner.db.store import Store
+from tuner.search import observe
 from tuner.search.costmodel import (
     FEATURE_DIM,
     throughput_labels,
@@ -117,15 +118,19 @@ def train(rows: cm.TrainingRows, y: np.ndarray, cfg: FarmModelConfig, *,
     """A new booster for `rows`, or `prev` updated with them: its trees' leaf values refitted
     on `rows` (XGBoost's refresh updater: the structure learnt before stays, its outputs follow
     the data), then `incremental_rounds` more trees."""
+    t0 = time.perf_counter()
     dtrain = training_matrix(cfg.objective, rows.features, y, rows.workload_ids)
     params = xgb_params(cfg.objective, seed=cfg.seed, nthread=1 if len(y) < 4096 else cfg.nthread)
     if prev is None:
-        return xgb.train(params, dtrain, num_boost_round=cfg.full_rounds)
-    refreshed = xgb.train({**params, "process_type": "update", "updater": "refresh",
-                           "refresh_leaf": True}, dtrain,
-                          num_boost_round=prev.num_boosted_rounds(), xgb_model=prev)
-    return xgb.train(params, dtrain, num_boost_round=cfg.incremental_rounds,
-                     xgb_model=refreshed)
+        booster = xgb.train(params, dtrain, num_boost_round=cfg.full_rounds)
+    else:
+        refreshed = xgb.train({**params, "process_type": "update", "updater": "refresh",
+                               "refresh_leaf": True}, dtrain,
+                              num_boost_round=prev.num_boosted_rounds(), xgb_model=prev)
+        booster = xgb.train(params, dtrain, num_boost_round=cfg.incremental_rounds,
+                            xgb_model=refreshed)
+    observe.fitted("farm", time.perf_counter() - t0)
+    return booster
 
 
 def refresh(store: Store, tref: TargetRef, *, full: bool = False,

@@ -31,6 +31,7 @@ from tuner.errors import DatabaseError, JobHandedOff
 from tuner.measure import Invalidity, MeasureInput, Measurer, MeasureResult
 from tuner.measure.replay import result_of
 from tuner.queue import Keys, streams
+from tuner.service import metrics
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +86,7 @@ class RemoteMeasurer(Measurer):
         self._lost_last: dict[str, str] = {}  # job_id -> last Keys.lost entry id read
         self._events_last: dict[str, str] = {}  # job_id -> last Keys.events entry id read
         self.requeued = 0  # entries enqueued again after they vanished (for tests and logs)
+        metrics.device_key_seen(device_key)
 
     # ------------------------------------------------------------------ queue
     def _issue(self, inputs: list[MeasureInput]) -> bool:
@@ -141,10 +143,12 @@ class RemoteMeasurer(Measurer):
             pend = self._pending[inp.trial_id] = _Pending(inp, entry, now, now)
         job_id = (inp.context or {}).get("job_id")
         try:
-            return self._wait(pend, job_id)
+            res = self._wait(pend, job_id)
         finally:
             self._pending.pop(inp.trial_id, None)
             self._lost.pop(inp.trial_id, None)
+        metrics.trial_measured(self.device_key, res.invalidity)
+        return res
 
     def _wait(self, pend: _Pending, job_id: str | None) -> MeasureResult:
         tid = pend.inp.trial_id
@@ -155,25 +159,27 @@ class RemoteMeasurer(Measurer):
             if job_id is not None:
                 self._read_lost(job_id)
             if tid in self._lost:
-                return self._lost_result(pend, f"the farm gave up on it: {self._lost[tid]}")
+                return self._lost_result(pend, "dead_letter",
+                                         f"the farm gave up on it: {self._lost[tid]}")
             if self.shutdown is not None and self.shutdown.is_set():
                 raise Interrupted(f"the job was cancelled or the tuner is stopping while trial "
                                   f"{tid} was measured")
             reason = self.interrupt()
             if reason:
-                return self._lost_result(pend, f"measurement abandoned: {reason}")
+                return self._lost_result(pend, "abandoned", f"measurement abandoned: {reason}")
             waited = time.monotonic() - pend.enqueued_at
             if waited > self.queue_wait_s:
                 return self._lost_result(
-                    pend, f"no worker for device key {self.device_key!r} finished it within "
-                          f"{self.queue_wait_s:g} s")
+                    pend, "timeout", f"no worker for device key {self.device_key!r} finished it "
+                                     f"within {self.queue_wait_s:g} s")
             self._check_entry(pend, job_id)
             self._sleep(job_id)
 
-    def _lost_result(self, pend: _Pending, msg: str) -> MeasureResult:
+    def _lost_result(self, pend: _Pending, reason: str, msg: str) -> MeasureResult:
         """Give up on a trial: withdraw its entry (a retry enqueues a fresh one) and report it
-        as an infrastructure failure."""
+        as an infrastructure failure (`reason`: its metrics label)."""
         tid = pend.inp.trial_id
+        metrics.trial_lost(self.device_key, reason)
         log.warning("trial %s: %s", tid, msg)
         if pend.entry_id is not None:
             with contextlib.suppress(redis.RedisError, OSError):

@@ -40,7 +40,7 @@ from typing import Any, ClassVar
 
 import redis
 
-from tuner import signals
+from tuner import logs, signals
 from tuner.config import Settings, get_settings
 from tuner.db import Store, model_jobs
 from tuner.db import jobs as jobdb
@@ -53,6 +53,7 @@ from tuner.measure import MeasureInput, MeasureOptions, Measurer, MeasureResult
 from tuner.model.rounds import gradient_plan
 from tuner.queue import Keys, events, mark_cancelled, streams
 from tuner.search import Progress, Tuner, TuneRequest
+from tuner.service import metrics
 from tuner.service.measurer import Interrupted, RemoteMeasurer
 from tuner.workloads import parse_spec
 
@@ -129,6 +130,7 @@ class TunerService:
         try:
             entries = streams.reclaim(self.r, stream, group, self.owner, min_idle_s=self.lease_s,
                                       count=10)
+            metrics.JOB_RECLAIMS.inc(len(entries))
             entries += streams.read_new(self.r, stream, group, self.owner, count=1,
                                         block_s=None if entries else self.poll_s)
         except (redis.RedisError, OSError) as exc:
@@ -157,10 +159,14 @@ class TunerService:
     # ------------------------------------------------------------------ running
     def run_job(self, job: JobRow, entry_id: str | None = None) -> JobRow | None:
         """Run a claimed job to a terminal state (or until this tuner stops); returns its row."""
+        with logs.bound(job_id=job.id), metrics.JOBS_RUNNING.track_inprogress():
+            return metrics.job_ended(self._run_job(job, entry_id))
+
+    def _run_job(self, job: JobRow, entry_id: str | None) -> JobRow | None:
         log.info("tuner %s runs job %s (%s)", self.owner, job.id, job.state)
         watch = _JobWatch(job, entry_id)
-        renewer = threading.Thread(target=self._keep_lease, args=(watch,), daemon=True,
-                                   name=f"lease-{job.id[:8]}")
+        renewer = threading.Thread(target=logs.carry(self._keep_lease), args=(watch,),
+                                   daemon=True, name=f"lease-{job.id[:8]}")
         renewer.start()
         measurer = None
         try:

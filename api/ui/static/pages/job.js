@@ -1,0 +1,195 @@
+// #/jobs/<id>: one job, live. Every measurement is a point coloured by its result, with the
+// best-so-far line and the board's peak where its operator declared one; the records table
+// sorts on any column; the best known schedule is shown as Python with a copy button.
+// Measurements arrive as server-sent "record" events; when the job ends the page reloads
+// its records from SQL (the truth, should Redis have dropped an event).
+
+import { api, follow } from "../api.js";
+import { Chart } from "../chart.js";
+import { badge, clear, errorBox, fill, fmt, h, progress, sortableTable, TERMINAL } from "../dom.js";
+
+export function render(view, { id, me }) {
+  const started = performance.now();
+  const abort = new AbortController();
+  const state = { job: null, flops: 0, points: [], seen: new Set() };
+  const head = h("div");
+  const summary = h("div", { class: "summary" });
+  const chartHost = h("div", { id: "job-chart" });
+  const legend = h("p", { class: "legend" });
+  const tableHost = h("div", { id: "records" });
+  const bestHost = h("section", { id: "best-schedule" });
+  view.append(head, summary, h("h2", null, "Tuning curve"), chartHost, legend,
+    h("h2", null, "Records"), tableHost, bestHost);
+  let chart = null;
+  let table = null;
+  let redrawTimer = null;
+
+  const higherIsBetter = () => state.flops > 0;
+  const yOf = (p) => (p.latency_s === null ? null : higherIsBetter() ? state.flops / p.latency_s / 1e9 : p.latency_s * 1e6);
+  const peak = () => (me.peak_gflops || {})[state.job.device_key] || null;
+
+  function drawHead() {
+    const j = state.job;
+    const cancel = TERMINAL.has(j.state) || j.state === "CANCELLING" ? null
+      : h("button", { type: "button", id: "cancel", class: "danger", onclick: onCancel }, "Cancel job");
+    fill(head, h("h1", null, `Job ${j.id.slice(0, 8)} `, badge(j.state)), cancel);
+    const bestG = j.best && j.best.gflops;
+    const rows = [
+      ["workload", `${fmt.workload(j.workload)} (${j.workload_key})`],
+      ["target", `${fmt.target(j.target)} · device ${j.device_key} · space ${j.space}`],
+      ["owner", j.owner],
+      ["progress", progress(j.trials_done, j.trials)],
+      ["best", j.best ? `${fmt.seconds(j.best.latency_s)} · ${fmt.gflops(bestG)} GFLOPS` +
+        (peak() && bestG ? ` · ${fmt.pct(bestG / peak())} of peak` : "") : "no valid measurement yet"],
+      ["created", `${new Date(j.created_at).toLocaleString()}` +
+        (j.finished_at ? ` · ran ${((Date.parse(j.finished_at) - Date.parse(j.started_at || j.created_at)) / 1000).toFixed(0)} s` : "")],
+    ];
+    if (j.model_id) rows.push(["model", h("a", { href: `#/models/${j.model_id}` }, j.model_id.slice(0, 8))]);
+    if (j.error) rows.push(["error", h("span", { class: "error-text" }, j.error)]);
+    fill(summary, h("dl", null, rows.map(([k, v]) => [h("dt", null, k), h("dd", { dataset: { field: k } }, v)])));
+  }
+
+  function drawChart() {
+    const pts = [];
+    const line = [];
+    let best = null;
+    state.points.forEach((p, i) => {
+      const y = yOf(p);
+      pts.push({ x: i + 1, y: p.invalidity === "ok" ? y : null, kind: p.invalidity, p });
+      if (p.invalidity === "ok" && y !== null && (best === null || (higherIsBetter() ? y > best : y < best))) {
+        best = y;
+        line.push({ x: i + 1, y });
+      }
+    });
+    if (!chart) {
+      chart = new Chart(chartHost, {
+        yLabel: higherIsBetter() ? "GFLOPS" : "latency (µs)",
+        describe: (q) => `#${q.x} ${q.p.trial_id.slice(0, 10)} · ${q.p.invalidity}` +
+          (q.y === null ? "" : higherIsBetter() ? ` · ${fmt.gflops(q.y)} GFLOPS` : ` · ${fmt.seconds(q.p.latency_s)}`),
+      });
+    }
+    if (higherIsBetter() && peak()) chart.setReference({ y: peak(), label: `peak ${peak()} GFLOPS` });
+    chart.setData(pts, line);
+    const counts = {};
+    for (const p of state.points) counts[p.invalidity] = (counts[p.invalidity] || 0) + 1;
+    fill(legend, Object.entries(counts).map(([k, n]) =>
+      h("span", { class: "key", dataset: { kind: k } }, h("i", { class: `dot k-${k}` }), `${k} ${n}`)),
+      h("span", { class: "key" }, h("i", { class: "dot k-line" }), "best so far"));
+    legend.dataset.total = String(state.points.length);
+  }
+
+  function tableRows() {
+    return state.points.map((p, i) => ({ ...p, n: i + 1, y: yOf(p) }));
+  }
+
+  function drawTable() {
+    const cols = [
+      { label: "#", value: (r) => r.n, num: true },
+      { label: "trial", value: (r) => r.trial_id, render: (r) => h("code", { title: r.trial_id }, r.trial_id.slice(0, 10)) },
+      { label: "result", value: (r) => r.invalidity, render: (r) => h("span", { class: `k-text-${r.invalidity}` }, r.invalidity) },
+      { label: "latency", value: (r) => r.latency_s, render: (r) => fmt.seconds(r.latency_s), num: true },
+      { label: "GFLOPS", value: (r) => r.gflops, render: (r) => fmt.gflops(r.gflops), num: true, desc: true },
+      { label: "predicted", value: (r) => r.predicted_s, render: (r) => fmt.seconds(r.predicted_s), num: true },
+      { label: "build", value: (r) => r.build_s, render: (r) => (r.build_s === null ? "–" : `${r.build_s.toFixed(2)} s`), num: true },
+      { label: "worker", value: (r) => r.worker || "",
+        render: (r) => (r.worker ? h("a", { href: `#/workers/${r.worker}`, title: r.worker }, r.worker.slice(0, 8)) : "–") },
+      { label: "measured", value: (r) => r.measured_at, render: (r) => fmt.time(r.measured_at) },
+    ];
+    if (!table) {
+      table = sortableTable(cols, tableRows(), { limit: 500 });
+      tableHost.append(table);
+    } else table.update(tableRows());
+  }
+
+  function redraw() {  // at most every 300 ms while records stream in
+    if (redrawTimer) return;
+    redrawTimer = setTimeout(() => { redrawTimer = null; drawChart(); drawTable(); drawHead(); }, 300);
+  }
+
+  async function drawBest() {
+    const j = state.job;
+    if (!j.best) { clear(bestHost); return; }
+    const q = new URLSearchParams({ workload: j.workload_key, target: JSON.stringify(j.target), device_key: j.device_key });
+    try {
+      const b = await api(`/v1/best?${q}`, { signal: abort.signal });
+      const code = h("code", null, b.schedule_python);
+      const copied = h("span", { class: "muted", role: "status" });
+      const copy = h("button", { type: "button", id: "copy-schedule", onclick: async () => {
+        try {
+          await navigator.clipboard.writeText(b.schedule_python);
+          copied.textContent = "copied";
+        } catch (e) {
+          const range = document.createRange();
+          range.selectNodeContents(code);
+          getSelection().removeAllRanges();
+          getSelection().addRange(range);
+          copied.textContent = "selected: press Ctrl+C";
+        }
+      } }, "Copy");
+      fill(bestHost, h("h2", null, "Best known schedule"),
+        h("p", { class: "muted" }, `${fmt.seconds(b.latency_s)} · ${fmt.gflops(b.gflops)} GFLOPS · trial ${b.trial_id}` +
+          (b.job_id && b.job_id !== j.id ? " (found by another job)" : "")),
+        h("div", { class: "code-head" }, copy, copied), h("pre", { class: "code" }, code));
+    } catch (err) {
+      if (!abort.signal.aborted) fill(bestHost, h("h2", null, "Best known schedule"), errorBox(err));
+    }
+  }
+
+  async function load() {
+    const [job, pts] = await Promise.all([
+      api(`/v1/jobs/${encodeURIComponent(id)}`, { signal: abort.signal }),
+      api(`/v1/jobs/${encodeURIComponent(id)}/points`, { signal: abort.signal }),
+    ]);
+    state.job = job;
+    state.flops = pts.flops;
+    state.points = pts.trial_id.map((t, i) => ({
+      trial_id: t, latency_s: pts.latency_s[i], gflops: pts.gflops[i], invalidity: pts.invalidity[i],
+      worker: pts.worker[i], build_s: pts.build_s[i], predicted_s: pts.predicted_s[i], measured_at: pts.measured_at[i],
+    }));
+    state.seen = new Set(pts.trial_id);
+    drawHead(); drawChart(); drawTable(); drawBest();
+  }
+
+  function onEvent(ev) {
+    const j = state.job;
+    if (ev.type === "record" && !state.seen.has(ev.data.trial_id)) {
+      state.seen.add(ev.data.trial_id);
+      const lat = ev.data.latency_s ?? null;
+      state.points.push({ trial_id: ev.data.trial_id, latency_s: lat, invalidity: ev.data.invalidity,
+        gflops: lat && state.flops ? state.flops / lat / 1e9 : null, worker: null, build_s: null,
+        predicted_s: null, measured_at: new Date().toISOString() });
+      redraw();
+    } else if (ev.type === "progress") {
+      j.trials_done = Math.max(j.trials_done, ev.data.done ?? j.trials_done);
+      redraw();
+    } else if (ev.type === "state") {
+      j.state = ev.data.state;
+      redraw();
+    }
+  }
+
+  async function onCancel() {
+    try {
+      state.job = await api(`/v1/jobs/${encodeURIComponent(id)}/cancel`, { method: "POST" });
+      drawHead();
+    } catch (err) {
+      summary.append(errorBox(err));
+    }
+  }
+
+  (async () => {
+    try {
+      await load();
+      await new Promise((res) => requestAnimationFrame(() => requestAnimationFrame(res)));
+      view.dataset.renderMs = String(Math.round(performance.now() - started));
+      if (!TERMINAL.has(state.job.state)) {
+        await follow(id, onEvent, abort.signal);
+        if (!abort.signal.aborted) await load();  // the final truth from SQL
+      }
+      view.dataset.final = "true";
+    } catch (err) {
+      if (!abort.signal.aborted) view.append(errorBox(err));
+    }
+  })();
+  return () => { abort.abort(); clearTimeout(redrawTimer); if (chart) chart.resize.disconnect(); };
+}

@@ -1,0 +1,78 @@
+// #/jobs: the caller's jobs (an admin: everyone's), filtered by state, op and (admin) owner,
+// refreshed every few seconds while any of them is still running.
+
+import { api } from "../api.js";
+import { badge, fill, errorBox, fmt, h, progress, TERMINAL } from "../dom.js";
+
+const STATES = ["", "QUEUED", "RUNNING", "CANCELLING", "SUCCEEDED", "FAILED", "CANCELLED"];
+const REFRESH_MS = 3000;
+
+export function render(view, { me }) {
+  const params = new URLSearchParams(sessionStorage.getItem("tunefarm.jobs.filter") || "");
+  const state = h("select", { id: "f-state", "aria-label": "state" },
+    STATES.map((s) => h("option", { value: s, selected: params.get("state") === s }, s || "any state")));
+  const op = h("input", { id: "f-op", placeholder: "op (matmul, conv2d, tir…)", value: params.get("op") || "",
+    "aria-label": "op", pattern: "[a-z][a-z0-9_]*" });
+  const owner = me.scope === "admin"
+    ? h("input", { id: "f-owner", placeholder: "owner", value: params.get("owner") || "", "aria-label": "owner" })
+    : null;
+  const body = h("div");
+  const more = h("button", { type: "button", hidden: true }, "Load more");
+  let rows = [];
+  let cursor = null;
+  let timer = null;
+  let gone = false;
+
+  function query(extra) {
+    const q = new URLSearchParams({ limit: "50" });
+    if (state.value) q.set("state", state.value);
+    if (op.value.trim()) q.set("op", op.value.trim());
+    if (owner && owner.value.trim()) q.set("owner", owner.value.trim());
+    if (extra) q.set("cursor", extra);
+    return q;
+  }
+
+  function table() {
+    if (!rows.length) return h("p", { class: "muted" }, "No jobs match. Submit one with `tunefarm submit matmul --shape 256,256,256`.");
+    return h("div", { class: "table-wrap" }, h("table", { class: "grid", id: "jobs-table" },
+      h("thead", null, h("tr", null, ["job", "workload", "state", "progress", "best GFLOPS", "device", "owner", "created"]
+        .map((t) => h("th", null, t)))),
+      h("tbody", null, rows.map((j) => h("tr", { dataset: { job: j.id } },
+        h("td", null, h("a", { href: `#/jobs/${j.id}` }, j.id.slice(0, 8))),
+        h("td", null, fmt.workload(j.workload), j.model_id ? h("span", { class: "muted" }, " (model task)") : ""),
+        h("td", null, badge(j.state)),
+        h("td", null, progress(j.trials_done, j.trials)),
+        h("td", { class: "num" }, fmt.gflops(j.best && j.best.gflops)),
+        h("td", null, j.device_key),
+        h("td", null, j.owner),
+        h("td", null, fmt.ago(j.created_at)))))));
+  }
+
+  async function load(append) {
+    clearTimeout(timer);
+    try {
+      const page = await api(`/v1/jobs?${query(append ? cursor : null)}`);
+      if (gone) return;
+      rows = append ? rows.concat(page.items) : page.items;
+      cursor = page.next_cursor;
+      fill(body, table());
+      more.hidden = !cursor;
+      if (rows.some((j) => !TERMINAL.has(j.state)) && !append) timer = setTimeout(() => load(false), REFRESH_MS);
+    } catch (err) {
+      if (!gone) fill(body, errorBox(err));
+    }
+  }
+
+  function refilter(e) {
+    if (e) e.preventDefault();
+    sessionStorage.setItem("tunefarm.jobs.filter", query().toString());
+    load(false);
+  }
+  state.addEventListener("change", refilter);
+  const form = h("form", { class: "filters", onsubmit: refilter }, state, op, owner,
+    h("button", { type: "submit" }, "Filter"));
+  more.addEventListener("click", () => load(true));
+  view.append(h("h1", null, "Jobs"), form, body, more);
+  load(false);
+  return () => { gone = true; clearTimeout(timer); };
+}

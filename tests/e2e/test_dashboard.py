@@ -1,0 +1,281 @@
+"""The dashboard in a real browser (Debian's Chromium, driven by Playwright) against a real farm:
+the API, a tuner and a worker as processes on PostgreSQL and a private Redis. A person signs in,
+a job submitted from the CLI is watched to its last trial, a worker's page is opened, a job is
+cancelled from its page; no page logs a console error. Screenshots at 1280 and 390 px go to
+$TUNEFARM_SCREENSHOTS (default: the test's tmp dir; the README's come from here)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.e2e.farm import TARGET, Farm, running_farm
+
+pytestmark = pytest.mark.slow
+
+CHROMIUM = os.environ.get("TUNEFARM_CHROMIUM") or shutil.which("chromium") or shutil.which(
+    "chromium-browser")
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    why = None
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        why = "playwright is not installed (pip install -e '.[test]')"
+    if why is None and CHROMIUM is None:
+        why = "no Chromium (apt-get install chromium; or set TUNEFARM_CHROMIUM)"
+    if why is not None:
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(f"{why}; CI=true requires the browser tests", pytrace=False)
+        pytest.skip(why)
+    args = ["--no-sandbox"] if os.geteuid() == 0 else []  # Chromium refuses root otherwise
+    with sync_playwright() as pw:
+        b = pw.chromium.launch(executable_path=CHROMIUM, args=args)
+        yield b
+        b.close()
+
+
+@pytest.fixture
+def shots(tmp_path: Path) -> Path:
+    out = Path(os.environ.get("TUNEFARM_SCREENSHOTS") or tmp_path / "screenshots")
+    out.mkdir(parents=True, exist_ok=True)
+    return out
+
+
+@pytest.fixture
+def farm(pg_url: str, private_redis_url: str, tmp_path: Path) -> Iterator[Farm]:
+    with running_farm(pg_url, private_redis_url, tmp_path,
+                      TUNEFARM_PEAK_GFLOPS=json.dumps({"e2e": 200.0})) as f:
+        yield f
+
+
+class Ui:
+    """One browser tab on the dashboard, collecting what the page logs as errors."""
+
+    def __init__(self, browser: Any, farm: Farm, width: int) -> None:
+        self.base = farm.api_url
+        self.ctx = browser.new_context(viewport={"width": width, "height": 900})
+        self.ctx.grant_permissions(["clipboard-read", "clipboard-write"], origin=self.base)
+        self.page = self.ctx.new_page()
+        self.page.set_default_timeout(30_000)
+        self.errors: list[str] = []
+        self.page.on("console", lambda m: self.errors.append(m.text) if m.type == "error" else None)
+        self.page.on("pageerror", lambda e: self.errors.append(f"uncaught: {e}"))
+
+    def sign_in(self, token: str) -> None:
+        self.page.goto(f"{self.base}/ui")
+        self.page.fill("#token", token)
+        self.page.click("form.signin button[type=submit]")
+        self.page.wait_for_selector("#signed-in")
+
+    def go(self, fragment: str) -> None:
+        self.page.evaluate("(f) => { location.hash = f; }", fragment)
+
+    def text(self, selector: str) -> str:
+        return str(self.page.inner_text(selector))
+
+    def shot(self, path: Path) -> None:
+        self.page.screenshot(path=str(path), full_page=True)
+
+    def close(self) -> None:
+        self.ctx.close()
+
+
+def _cli_submit(farm: Farm, trials: int) -> tuple[str, str]:
+    out = subprocess.run(
+        [sys.executable, "-m", "tuner", "submit", "matmul", "--shape", "64,64,64", "--trials",
+         str(trials), "--device-key", "e2e", "--target", json.dumps(TARGET), "--no-follow"],
+        env={**farm.env, "TUNEFARM_TOKEN": farm.user_token, "COLUMNS": "200"},
+        capture_output=True, text=True, timeout=120, check=True)
+    return out.stdout.strip().splitlines()[-1], out.stderr
+
+
+def test_a_person_watches_a_cli_job_to_its_last_trial_and_opens_a_worker(
+        farm: Farm, browser: Any, shots: Path) -> None:
+    farm.start_tuner()
+    ui = Ui(browser, farm, 1280)
+    ui.sign_in(farm.user_token)
+    ui.page.wait_for_selector("main >> text=No jobs match")
+
+    # submitted from the CLI while no worker runs: the page is open before the first trial
+    job_id, said = _cli_submit(farm, trials=12)
+    assert f"{farm.api_url}/ui#/jobs/{job_id}" in said
+    ui.go("#/workers")
+    ui.go("#/jobs")
+    ui.page.click(f'#jobs-table tr[data-job="{job_id}"] a')
+    canvas = ui.page.wait_for_selector("#job-chart canvas[data-points]")
+    assert canvas.get_attribute("data-points") == "0"
+    farm.start_worker("w1")
+    seen: set[int] = set()
+    deadline = time.monotonic() + 180
+    while ui.page.get_attribute("#view", "data-final") is None:
+        assert time.monotonic() < deadline, f"the job did not end on the page\n{farm.logs()}"
+        seen.add(int(canvas.get_attribute("data-points") or 0))
+        time.sleep(0.1)
+    assert canvas.get_attribute("data-points") == "12"
+    assert seen & set(range(1, 12)), f"no measurement arrived live (counts seen: {seen})"
+    assert ui.text("h1 .badge") == "SUCCEEDED"
+    assert "12 / 12" in ui.text('[data-field="progress"]')
+    assert "of peak" in ui.text('[data-field="best"]')  # TUNEFARM_PEAK_GFLOPS declares e2e
+    assert ui.page.get_attribute(".legend", "data-total") == "12"
+    assert ui.page.locator("#records tbody tr").count() == 12
+    ui.page.click("#records th >> text=latency")  # sorted by latency, fastest first
+    first_row = ui.text("#records tbody tr:first-child td:nth-child(2)")
+    best = farm.client().get_job(job_id)["best"]
+    assert best["trial_id"].startswith(first_row.strip()), (first_row, best)
+    schedule = ui.text("#best-schedule pre")
+    assert "sch.get_sblock" in schedule
+    ui.page.click("#copy-schedule")
+    ui.page.wait_for_selector("#best-schedule >> text=copied")
+    assert ui.page.evaluate("navigator.clipboard.readText()") == schedule
+    ui.shot(shots / "job-1280.png")
+
+    ui.go("#/jobs")
+    ui.page.wait_for_selector(f'#jobs-table tr[data-job="{job_id}"] >> text=SUCCEEDED')
+    ui.shot(shots / "jobs-1280.png")
+    ui.go("#/workers")
+    ui.page.click("#workers-table a >> text=w1")
+    ui.page.wait_for_selector("#worker-detail")
+    detail = ui.text("#worker-detail")
+    assert "e2e" in detail and "measurements / min" in detail
+    measured = ui.page.evaluate("""() => [...document.querySelectorAll('#worker-detail dt')]
+        .find((dt) => dt.textContent === 'measured').nextElementSibling.textContent""")
+    assert int(measured) >= 12
+    ui.shot(shots / "worker-1280.png")
+    ui.go("#/best")
+    ui.page.wait_for_selector("table.grid >> text=matmul")
+    ui.shot(shots / "best-1280.png")
+
+    # a model job: its tasks, their trials, the estimated model latency after each round
+    from tests.support.tasks import TASKS
+
+    model = farm.client().submit_model({"name": "tiny", "tasks": TASKS, "target": TARGET,
+                                        "device_key": "e2e", "trials": 16, "round_trials": 8})
+    ui.go("#/models")
+    ui.page.click(f'#models-table a[href="#/models/{model["id"]}"]')
+    ui.page.wait_for_selector("h1 .badge >> text=SUCCEEDED", timeout=180_000)
+    assert ui.page.locator("#model-tasks tbody tr").count() == len(TASKS)
+    assert ui.text('[data-field="estimate"]') not in ("", "–")
+    assert int(ui.page.get_attribute("#model-chart canvas", "data-points") or 0) >= 1
+    ui.shot(shots / "model-1280.png")
+
+    # a long job, cancelled from its page
+    job = farm.client().submit_job({"workload": {"op": "matmul", "shape": [64, 64, 128]},
+                                    "target": TARGET, "device_key": "e2e", "trials": 2000})
+    ui.go(f"#/jobs/{job['id']}")
+    ui.page.click("#cancel")
+    ui.page.wait_for_selector("h1 .badge >> text=CANCELLED", timeout=120_000)
+    assert farm.client().get_job(job["id"])["state"] == "CANCELLED"
+    assert ui.errors == [], ui.errors
+    ui.close()
+
+    phone = Ui(browser, farm, 390)
+    phone.sign_in(farm.user_token)
+    phone.go(f"#/jobs/{job_id}")
+    phone.page.wait_for_selector("#view[data-final]")
+    assert phone.page.evaluate("document.documentElement.scrollWidth") <= 390  # no sideways page
+    phone.shot(shots / "job-390.png")
+    phone.go("#/workers")
+    phone.page.wait_for_selector("#workers-table")
+    phone.shot(shots / "workers-390.png")
+    assert phone.errors == [], phone.errors
+    phone.close()
+
+
+def test_each_page_keeps_to_the_tokens_scope_and_owner(farm: Farm, browser: Any) -> None:
+    from tuner.db import Store
+    from tuner.db.tokens import create_token
+
+    store = Store(farm.db_url)
+    other = create_token(store, "user", "someone-else")
+    store.close()
+    theirs = farm.client(other).submit_job({"workload": {"op": "matmul", "shape": [32, 32, 32]},
+                                            "target": TARGET, "device_key": "e2e", "trials": 4})
+
+    ui = Ui(browser, farm, 1280)
+    ui.page.goto(f"{farm.api_url}/ui")
+    ui.page.fill("#token", "tf_not-a-token")
+    ui.page.click("form.signin button[type=submit]")
+    ui.page.wait_for_selector("text=This token was refused")
+    ui.sign_in(farm.worker_token)  # a worker token reads the shared best schedules only
+    assert ui.page.is_hidden("#nav a[href='#/jobs']")
+    assert ui.page.is_visible("#nav a[href='#/best']")
+    ui.go("#/jobs")
+    ui.page.wait_for_selector("text=This page needs a user token; yours has scope worker")
+    ui.close()
+
+    mine = Ui(browser, farm, 1280)
+    mine.sign_in(farm.user_token)
+    assert mine.page.locator("#f-owner").count() == 0  # only an admin filters by owner
+    mine.go(f"#/jobs/{theirs['id']}")
+    mine.page.wait_for_selector(f"text=no job '{theirs['id']}'")  # the API's 404, not the job
+    mine.close()
+
+    admin = Ui(browser, farm, 1280)
+    admin.sign_in(farm.admin_token)
+    admin.page.fill("#f-owner", "someone-else")
+    admin.page.click("form.filters button[type=submit]")
+    admin.page.wait_for_selector(f'#jobs-table tr[data-job="{theirs["id"]}"]')
+    assert admin.page.locator("#jobs-table tbody tr").count() == 1
+    admin.close()
+
+
+def test_a_job_of_ten_thousand_records_renders(farm: Farm, browser: Any, shots: Path) -> None:
+    """Not a timed assertion: the time to render is reported (in render-10000.json)."""
+    from sqlalchemy import insert, update
+
+    from tests.api.conftest import trivial_trace
+    from tuner.db import Store
+    from tuner.db import models as m
+
+    n = 10_000
+    spec = {"op": "matmul", "shape": [256, 256, 256]}
+    trace = trivial_trace(spec)  # a real one: the page shows the best schedule as Python
+    job = farm.client().submit_job({"workload": spec, "target": TARGET, "device_key": "e2e",
+                                    "trials": n})
+    store = Store(farm.db_url)
+    row = store.get_job(job["id"])
+    now = m.utcnow()
+    rows = [{"trial_id": uuid.uuid4().hex, "job_id": row.id, "workload_id": row.workload_id,
+             "target_id": row.target_id, "space": "gemm-x86", "cand_hash": f"{i:032x}",
+             "trace_json": trace, "decisions_json": "[]",
+             "latencies_json": json.dumps([lat]) if lat else "[]", "median_s": lat,
+             "mean_s": lat, "invalidity": "ok" if lat else "run_error", "worker": "w1",
+             "build_s": 0.1, "tvm_version": "test", "created_at": now, "measured_at": now}
+            for i in range(n) for lat in [None if i % 50 == 7 else 1e-4 * (1 + 1000 / (i + 10))]]
+    with store.session() as s:
+        s.execute(insert(m.Record), rows)
+        s.execute(update(m.Job).where(m.Job.id == row.id).values(
+            state="SUCCEEDED", started_at=now, finished_at=now))
+    store.close()
+
+    ui = Ui(browser, farm, 1280)
+    ui.sign_in(farm.user_token)
+    start = time.perf_counter()
+    ui.page.goto(f"{farm.api_url}/ui#/jobs/{job['id']}")
+    ui.page.reload()  # a cold load of the job page itself
+    ui.page.wait_for_selector("#view[data-render-ms]", timeout=60_000)
+    wall_ms = (time.perf_counter() - start) * 1000
+    in_page_ms = float(ui.page.get_attribute("#view", "data-render-ms") or "nan")
+    since_navigation_ms = float(ui.page.evaluate("performance.now()"))
+    assert ui.page.get_attribute("#job-chart canvas", "data-points") == str(n)
+    assert "500 of 10000 shown" in ui.text("#records")
+    assert ui.page.locator("#records tbody tr").count() == 500
+    report = {"records": n, "render_ms": in_page_ms, "since_navigation_ms": since_navigation_ms,
+              "wall_ms_with_two_loads": wall_ms}
+    (shots / "render-10000.json").write_text(json.dumps(report, indent=2))
+    print("job page with 10,000 records:", report)
+    assert ui.errors == [], ui.errors
+    ui.close()

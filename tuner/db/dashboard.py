@@ -1,0 +1,108 @@
+"""Read-only queries behind the dashboard (`/ui`): a job's measurements as columns (the live
+chart and the records table draw thousands of them, so no traces), and the best record of every
+workload on every target with its speed-up over the first candidate measured there."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from sqlalchemy import func, select
+
+from ..measure import Invalidity, gflops
+from . import models as m
+from .store import Store
+
+POINT_COLUMNS = ("trial_id", "latency_s", "gflops", "invalidity", "worker", "build_s",
+                 "predicted_s", "measured_at")
+MAX_POINTS = 100_000  # a job's budget is capped far below this (Settings.max_trials_per_job)
+
+
+def job_points(store: Store, job_id: str, flops: int) -> dict[str, list[Any]]:
+    """The job's records in the order they were stored, one list per column of
+    `POINT_COLUMNS` (compact: ~60 bytes a record against ~2 kB with its trace)."""
+    q = (select(m.Record.trial_id, m.Record.median_s, m.Record.invalidity, m.Record.worker,
+                m.Record.build_s, m.Record.predicted_s, m.Record.measured_at)
+         .where(m.Record.job_id == job_id).order_by(m.Record.id).limit(MAX_POINTS))
+    cols: dict[str, list[Any]] = {c: [] for c in POINT_COLUMNS}
+    with store.session() as s:
+        for trial_id, median_s, invalidity, worker, build_s, predicted_s, at in s.execute(q):
+            cols["trial_id"].append(trial_id)
+            cols["latency_s"].append(median_s)
+            cols["gflops"].append(gflops(flops, median_s))
+            cols["invalidity"].append(invalidity)
+            cols["worker"].append(worker)
+            cols["build_s"].append(build_s)
+            cols["predicted_s"].append(predicted_s)
+            cols["measured_at"].append(at.isoformat())
+    return cols
+
+
+@dataclass(frozen=True)
+class BestRow:
+    """The best valid record of a workload on a target (and device key)."""
+
+    workload_key: str
+    op: str
+    description: str
+    target: dict[str, Any]
+    device_key: str
+    records: int  # measured there, valid or not
+    valid: int
+    best_s: float
+    best_gflops: float | None
+    best_trial_id: str
+    first_s: float  # the first valid candidate measured there
+    speedup: float  # first_s / best_s
+    last_measured_at: str
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def best_table(store: Store, *, limit: int = 200, op: str | None = None) -> list[BestRow]:
+    """Workload × target pairs with at least one valid record, most recently measured first."""
+    ok = Invalidity.OK.value
+    r = m.Record
+    groups = (select(r.workload_id, r.target_id, func.count().label("n"),
+                     func.count().filter(r.invalidity == ok).label("valid"),
+                     func.min(r.id).filter(r.invalidity == ok).label("first_id"),
+                     func.min(r.median_s).filter(r.invalidity == ok).label("best_s"),
+                     func.max(r.measured_at).label("last"))
+              .group_by(r.workload_id, r.target_id)
+              .having(func.min(r.median_s).filter(r.invalidity == ok).is_not(None)))
+    if op is not None:
+        groups = groups.where(r.workload_id.in_(select(m.Workload.id).where(m.Workload.op == op)))
+    groups = groups.order_by(func.max(r.measured_at).desc()).limit(limit)
+    out: list[BestRow] = []
+    with store.session() as s:
+        rows = s.execute(groups).all()
+        if not rows:
+            return out
+        wids = {row.workload_id for row in rows}
+        tids = {row.target_id for row in rows}
+        firsts = {row.first_id for row in rows}
+        workloads = {w.id: w for w in s.scalars(select(m.Workload).where(m.Workload.id.in_(wids)))}
+        targets = {t.id: t for t in s.scalars(select(m.Target).where(m.Target.id.in_(tids)))}
+        first_s = {i: v for i, v in s.execute(select(r.id, r.median_s).where(r.id.in_(firsts)))}
+        best_of = {(row.workload_id, row.target_id): row.best_s for row in rows}
+        best_ids: dict[tuple[int, int], str] = {}
+        for wid, tid, median_s, trial_id in s.execute(
+                select(r.workload_id, r.target_id, r.median_s, r.trial_id)
+                .where(r.invalidity == ok, r.workload_id.in_(wids), r.target_id.in_(tids),
+                       r.median_s.in_(set(best_of.values())))
+                .order_by(r.id)):
+            if best_of.get((wid, tid)) == median_s:
+                best_ids.setdefault((wid, tid), trial_id)
+        for row in rows:
+            w, t = workloads[row.workload_id], targets[row.target_id]
+            best_s = float(row.best_s)
+            first = float(first_s.get(row.first_id) or best_s)
+            out.append(BestRow(
+                workload_key=w.key, op=w.op, description=w.description,
+                target=json.loads(t.target_json), device_key=t.device_key, records=int(row.n),
+                valid=int(row.valid or 0), best_s=best_s, best_gflops=gflops(w.flops, best_s),
+                best_trial_id=best_ids.get((row.workload_id, row.target_id), ""),
+                first_s=first, speedup=first / best_s, last_measured_at=row.last.isoformat()))
+    return out
