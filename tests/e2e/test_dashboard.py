@@ -270,11 +270,14 @@ def test_a_job_of_ten_thousand_records_renders(farm: Farm, browser: Any, shots: 
     wall_ms = (time.perf_counter() - start) * 1000
     in_page_ms = float(ui.page.get_attribute("#view", "data-render-ms") or "nan")
     since_navigation_ms = float(ui.page.evaluate("performance.now()"))
+    fetches = ui.page.evaluate("""() => Object.fromEntries(performance.getEntriesByType('resource')
+        .filter((e) => e.name.includes('/v1/')).map((e) => [new URL(e.name).pathname.replace(
+            /[0-9a-f]{32}/, '{id}'), [Math.round(e.duration), e.encodedBodySize]]))""")
     assert ui.page.get_attribute("#job-chart canvas", "data-points") == str(n)
     assert "500 of 10000 shown" in ui.text("#records")
     assert ui.page.locator("#records tbody tr").count() == 500
     report = {"records": n, "render_ms": in_page_ms, "since_navigation_ms": since_navigation_ms,
-              "wall_ms_with_two_loads": wall_ms}
+              "wall_ms_with_two_loads": wall_ms, "requests_ms_bytes": fetches}
     (shots / "render-10000.json").write_text(json.dumps(report, indent=2))
     print("job page with 10,000 records:", report)
     assert ui.errors == [], ui.errors
