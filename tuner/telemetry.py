@@ -19,6 +19,7 @@ from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
+from tuner.config import Settings
 from tuner.errors import TunefarmError
 
 log = logging.getLogger(__name__)
@@ -128,3 +129,13 @@ def serve_metrics(registry: CollectorRegistry, host: str, port: int,
     server = MetricsServer(httpd)
     log.info("metrics at %s", server.url)
     return server
+
+
+def serve_configured(registry: CollectorRegistry, settings: Settings, port: int | None = None,
+                     host: str | None = None) -> MetricsServer | None:
+    """Serve `registry` on `port` (default TUNEFARM_METRICS_PORT; 0: none) at `host` (default
+    TUNEFARM_METRICS_HOST), with TUNEFARM_METRICS_TOKEN; None when off."""
+    port = settings.metrics_port if port is None else port
+    if not port:
+        return None
+    return serve_metrics(registry, host or settings.metrics_host, port, settings.metrics_token)

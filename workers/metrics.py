@@ -32,7 +32,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessColl
 from api.client import Client
 from tuner.config import Settings
 from tuner.measure import Invalidity, MeasureInput, Measurer, MeasureResult
-from tuner.telemetry import LabelCap, MetricsServer, serve_metrics
+from tuner.telemetry import LabelCap, MetricsServer, serve_configured
 
 BUILD_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0)
 RUN_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
@@ -137,9 +137,5 @@ def _int(v: Any) -> int:
 
 def start(settings: Settings, port: int | None = None, host: str | None = None) -> \
         MetricsServer | None:
-    """Serve the worker's metrics on `port` (default TUNEFARM_METRICS_PORT; 0: none) at `host`
-    (default TUNEFARM_METRICS_HOST); None when off."""
-    port = settings.metrics_port if port is None else port
-    if not port:
-        return None
-    return serve_metrics(REGISTRY, host or settings.metrics_host, port, settings.metrics_token)
+    """Serve the worker's metrics (`tuner.telemetry.serve_configured`); None when off."""
+    return serve_configured(REGISTRY, settings, port, host)

@@ -40,7 +40,7 @@ from tuner.db.rows import JobRow
 from tuner.measure import Invalidity
 from tuner.queue import Keys, streams
 from tuner.search import observe
-from tuner.telemetry import LabelCap, MetricsServer, serve_metrics
+from tuner.telemetry import LabelCap, MetricsServer, serve_configured
 
 log = logging.getLogger(__name__)
 
@@ -252,10 +252,9 @@ def install(r: redis.Redis, keys: Keys) -> None:
 
 def start(settings: Settings, port: int | None = None, host: str | None = None) -> \
         MetricsServer | None:
-    """Serve the tuner's metrics on `port` (default TUNEFARM_METRICS_PORT; 0: none) at `host`
-    (default TUNEFARM_METRICS_HOST); None when off."""
-    port = settings.metrics_port if port is None else port
-    if not port:
+    """Serve the tuner's metrics (`tuner.telemetry.serve_configured`), its queue gauges read
+    from TUNEFARM_REDIS_URL; None when off."""
+    if not (settings.metrics_port if port is None else port):
         return None
     install(scrape_client(settings.redis_url), Keys(settings.redis_prefix))
-    return serve_metrics(REGISTRY, host or settings.metrics_host, port, settings.metrics_token)
+    return serve_configured(REGISTRY, settings, port, host)
