@@ -194,6 +194,7 @@ class ModelCreate(BaseModel):
 
 class ModelPage(BaseModel):
     items: list[ModelPublic]
+    next_cursor: str | None = None
 
 
 # --- workers -------------------------------------------------------------------------------

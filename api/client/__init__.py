@@ -151,8 +151,12 @@ class Client:
     def get_model(self, model_id: str) -> dict[str, Any]:
         return self._obj("GET", f"/v1/models/{model_id}")
 
-    def list_models(self, *, limit: int = 50) -> dict[str, Any]:
-        return self._obj("GET", "/v1/models", params={"limit": limit})
+    def list_models(self, *, limit: int = 50, cursor: str | None = None) -> dict[str, Any]:
+        """One page of model jobs: {"items": [...], "next_cursor": ... (None: the last)}."""
+        params: dict[str, Any] = {"limit": limit}
+        if cursor:
+            params["cursor"] = cursor
+        return self._obj("GET", "/v1/models", params=params)
 
     def cancel_model(self, model_id: str) -> dict[str, Any]:
         return self._obj("POST", f"/v1/models/{model_id}/cancel")

@@ -27,7 +27,7 @@ _PROBLEMS: dict[int | str, dict[str, Any]] = {
     401: {"model": Problem}, 403: {"model": Problem}, 404: {"model": Problem},
     422: {"model": Problem}, 429: {"model": Problem, "description": "rate limited"},
 }
-_PAGED = {**_PROBLEMS, 400: {"model": Problem, "description": "`bad_cursor`: not a cursor "
+PAGED = {**_PROBLEMS, 400: {"model": Problem, "description": "`bad_cursor`: not a cursor "
                                                               "this API handed out"}}
 CURSOR = ("The `next_cursor` of the previous page, unchanged (anything else: 400 "
           "`bad_cursor`).")
@@ -56,7 +56,7 @@ def submit_job(body: JobCreate, response: Response, ctx: CtxDep, principal: User
     return jobs_db.job_view(ctx.store, done.job)
 
 
-@router.get("", response_model=JobPage, responses=_PAGED)
+@router.get("", response_model=JobPage, responses=PAGED)
 def list_jobs(ctx: CtxDep, principal: UserDep, state: JobState | None = None,
               op: Annotated[str | None, Query(pattern=OP, description=(
                   "Only jobs of this workload op (`matmul`, `conv2d`, `tir`, ...)"))] = None,
@@ -86,7 +86,7 @@ def cancel_job(job_id: str, ctx: CtxDep, principal: UserDep) -> JobPublic:
     return jobs_db.job_view(ctx.store, jobs.cancel(ctx, job_id, principal))
 
 
-@router.get("/{job_id}/records", response_model=RecordPage, responses=_PAGED)
+@router.get("/{job_id}/records", response_model=RecordPage, responses=PAGED)
 def job_records(job_id: str, ctx: CtxDep, principal: UserDep,
                 limit: Annotated[int, Query(ge=1, le=1000)] = 100,
                 cursor: Annotated[str | None, Query(description=CURSOR)] = None) -> RecordPage:

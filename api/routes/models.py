@@ -16,7 +16,7 @@ from ..deps import CtxDep, UserDep
 from ..jobs import list_owner
 from ..schemas import ModelCreate, ModelPage, Problem
 from . import V1
-from .jobs import IDEMPOTENCY_KEY
+from .jobs import CURSOR, IDEMPOTENCY_KEY, PAGED
 
 router = APIRouter(prefix=f"{V1}/models", tags=["models"])
 
@@ -46,12 +46,15 @@ def submit_model(body: ModelCreate, response: Response, ctx: CtxDep, principal: 
     return ModelPublic.from_row(model)
 
 
-@router.get("", response_model=ModelPage, responses=_PROBLEMS)
+@router.get("", response_model=ModelPage, responses=PAGED)
 def list_models(ctx: CtxDep, principal: UserDep,
-                limit: Annotated[int, Query(ge=1, le=200)] = 50) -> ModelPage:
-    """The caller's model jobs (an admin: everyone's), newest first."""
-    rows = model_jobs.list_models(ctx.store, owner=list_owner(principal), limit=limit)
-    return ModelPage(items=[ModelPublic.from_row(r) for r in rows])
+                limit: Annotated[int, Query(ge=1, le=200)] = 50,
+                cursor: Annotated[str | None, Query(description=CURSOR)] = None) -> ModelPage:
+    """The caller's model jobs (an admin: everyone's), newest first, one page at a time (pass
+    `next_cursor` back as `cursor`)."""
+    rows, nxt = model_jobs.list_models(ctx.store, owner=list_owner(principal), limit=limit,
+                                       cursor=cursor)
+    return ModelPage(items=[ModelPublic.from_row(r) for r in rows], next_cursor=nxt)
 
 
 @router.get("/{model_id}", response_model=ModelPublic, responses=_PROBLEMS)

@@ -46,6 +46,25 @@ def test_a_model_job_starts_its_first_round(client: Any, ctx: Any, user: dict[st
     assert [m["id"] for m in listed] == [model["id"]]
 
 
+def test_model_jobs_are_listed_a_page_at_a_time(client: Any, user: dict[str, str]) -> None:
+    made = [_post(client, user, {**BODY, "name": f"m{i}", "trials": 8 + i}).json()["id"]
+            for i in range(5)]
+    seen, cursor, pages = [], None, 0
+    while True:
+        params = {"limit": 2, **({"cursor": cursor} if cursor else {})}
+        resp = client.get("/v1/models", params=params, headers=user)
+        assert resp.status_code == 200, resp.text
+        page = resp.json()
+        seen += [m["id"] for m in page["items"]]
+        pages += 1
+        cursor = page["next_cursor"]
+        if cursor is None:
+            break
+    assert seen == made[::-1] and pages == 3  # newest first, each once
+    bad = client.get("/v1/models", params={"cursor": "not-a-cursor"}, headers=user)
+    assert bad.status_code == 400 and bad.json()["code"] == "bad_cursor"
+
+
 def test_a_bad_task_is_a_422_naming_it_and_stores_nothing(client: Any, ctx: Any,
                                                           user: dict[str, str]) -> None:
     bad = {**BODY, "tasks": [TASKS[0], {**TASKS[1], "tvmscript": "import os\nos.system('x')"}]}

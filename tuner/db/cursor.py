@@ -1,8 +1,8 @@
 """Opaque page cursors (keyset pagination), encoded and parsed in this one place.
 
 A cursor is URL-safe base64 (no padding) of a short text naming the last row of a page: a job
-page's `"<created_at ISO>|<job id>"`, a record page's `"r<record id>"`. Clients pass it back
-unchanged. Parsing is bounded: anything that is not a cursor this service handed out (bad
+(or model job) page's `"<created_at ISO>|<id>"`, a record page's `"r<record id>"`. Clients pass
+it back unchanged. Parsing is bounded: anything that is not a cursor this service handed out (bad
 base64, wrong shape, too long, an absurd id or date) is a `BadCursor` on the field "cursor" (an
 API 400 `bad_cursor` problem), never a server error.
 """
@@ -12,7 +12,11 @@ from __future__ import annotations
 import base64
 import binascii
 import re
+from collections.abc import Sequence
 from datetime import UTC, datetime
+from typing import Any, Protocol, TypeVar
+
+from sqlalchemy import Select, and_, or_
 
 from ..errors import SpecError
 
@@ -62,6 +66,35 @@ def parse_job_cursor(cursor: str) -> tuple[datetime, str]:
         return (at if at.tzinfo else at.replace(tzinfo=UTC)).astimezone(UTC), job_id
     except (ValueError, OverflowError) as exc:  # not a date; out of range once in UTC
         raise _bad() from exc
+
+
+class _Dated(Protocol):
+    @property
+    def created_at(self) -> datetime: ...
+
+    @property
+    def id(self) -> str: ...
+
+
+D = TypeVar("D", bound=_Dated)
+
+
+def newest_first(q: Select[Any], created: Any, row_id: Any, cursor: str | None,
+                 limit: int) -> Select[Any]:
+    """`q` as one newest-first page of rows keyed (created, row_id), after `cursor` (a
+    `job_cursor`), one row more than `limit` (`page` tells from it whether another follows).
+    Jobs and model jobs are paged this way."""
+    q = q.order_by(created.desc(), row_id.desc()).limit(limit + 1)
+    if cursor:
+        when, after = parse_job_cursor(cursor)
+        q = q.where(or_(created < when, and_(created == when, row_id < after)))
+    return q
+
+
+def page(rows: Sequence[D], limit: int) -> tuple[list[D], str | None]:
+    """The page of a `newest_first` query's rows, and the cursor of the next (None: last)."""
+    last = rows[limit - 1] if len(rows) > limit else None
+    return list(rows[:limit]), job_cursor(last.created_at, last.id) if last is not None else None
 
 
 def record_cursor(record_id: int) -> str:

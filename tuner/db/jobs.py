@@ -290,22 +290,15 @@ def list_jobs(store: Store, *, state: JobState | str | None = None, limit: int =
               ) -> tuple[list[JobRow], str | None]:
     """Newest first (of one `owner`, else of everyone; of one workload `op`, else of all);
     returns a page and the cursor of the next page (None: last page)."""
-    q = select(m.Job).order_by(m.Job.created_at.desc(), m.Job.id.desc()).limit(limit + 1)
+    q = cursors.newest_first(select(m.Job), m.Job.created_at, m.Job.id, cursor, limit)
     if owner is not None:
         q = q.where(m.Job.owner == owner)
     if state is not None:
         q = q.where(m.Job.state == JobState(state).value)
     if op is not None:
         q = q.where(m.Job.workload_id.in_(select(m.Workload.id).where(m.Workload.op == op)))
-    if cursor:
-        when, job_id = cursors.parse_job_cursor(cursor)
-        q = q.where(or_(m.Job.created_at < when,
-                        and_(m.Job.created_at == when, m.Job.id < job_id)))
     with store.session() as s:
-        rows = [JobRow.of(r) for r in s.scalars(q)]
-    last = rows[limit - 1] if len(rows) > limit else None
-    nxt = cursors.job_cursor(last.created_at, last.id) if last is not None else None
-    return rows[:limit], nxt
+        return cursors.page([JobRow.of(r) for r in s.scalars(q)], limit)
 
 
 def job_stats(store: Store, job: JobRow) -> JobStats:

@@ -33,6 +33,7 @@ from sqlalchemy.orm import Session
 
 from ..errors import NotFound
 from ..measure import Invalidity
+from . import cursor as cursors
 from . import models as m
 from .jobs import ACTIVE, LOCAL_OWNER, JobOptions, job_key
 from .models import JobState, utcnow
@@ -235,13 +236,15 @@ def get_model(store: Store, model_id: str) -> ModelRow:
         return _row(s, row, _tasks(s, row))
 
 
-def list_models(store: Store, *, owner: str | None = None, limit: int = 50) -> list[ModelRow]:
-    """Newest first (of one `owner`, else everyone's)."""
-    q = select(m.ModelJob).order_by(m.ModelJob.created_at.desc(), m.ModelJob.id.desc())
+def list_models(store: Store, *, owner: str | None = None, limit: int = 50,
+                cursor: str | None = None) -> tuple[list[ModelRow], str | None]:
+    """Newest first (of one `owner`, else everyone's): a page and the next page's cursor."""
+    q = cursors.newest_first(select(m.ModelJob), m.ModelJob.created_at, m.ModelJob.id, cursor,
+                             limit)
     if owner is not None:
         q = q.where(m.ModelJob.owner == owner)
     with store.session() as s:
-        return [_row(s, r, _tasks(s, r)) for r in s.scalars(q.limit(limit))]
+        return cursors.page([_row(s, r, _tasks(s, r)) for r in s.scalars(q)], limit)
 
 
 def stalled(store: Store) -> list[str]:
