@@ -1,11 +1,10 @@
 // #/jobs: the caller's jobs (an admin: everyone's), filtered by state, op and (admin) owner,
 // refreshed every few seconds while any of them is still running.
 
-import { api } from "../api.js";
-import { badge, fill, errorBox, fmt, h, progress, TERMINAL } from "../dom.js";
+import { badge, fmt, h, progress, TERMINAL } from "../dom.js";
+import { pagedList } from "../list.js";
 
 const STATES = ["", "QUEUED", "RUNNING", "CANCELLING", "SUCCEEDED", "FAILED", "CANCELLED"];
-const REFRESH_MS = 3000;
 
 export function render(view, { me }) {
   const params = new URLSearchParams(sessionStorage.getItem("tunefarm.jobs.filter") || "");
@@ -16,12 +15,6 @@ export function render(view, { me }) {
   const owner = me.scope === "admin"
     ? h("input", { id: "f-owner", placeholder: "owner", value: params.get("owner") || "", "aria-label": "owner" })
     : null;
-  const body = h("div");
-  const more = h("button", { type: "button", hidden: true }, "Load more");
-  let rows = [];
-  let cursor = null;
-  let timer = null;
-  let gone = false;
 
   function query(extra) {
     const q = new URLSearchParams({ limit: "50" });
@@ -32,7 +25,7 @@ export function render(view, { me }) {
     return q;
   }
 
-  function table() {
+  function table(rows) {
     if (!rows.length) return h("p", { class: "muted" }, "No jobs match. Submit one with `tunefarm submit matmul --shape 256,256,256`.");
     return h("div", { class: "table-wrap" }, h("table", { class: "grid", id: "jobs-table" },
       h("thead", null, h("tr", null, ["job", "workload", "state", "progress", "best GFLOPS", "device", "owner", "created"]
@@ -48,31 +41,18 @@ export function render(view, { me }) {
         h("td", null, fmt.ago(j.created_at)))))));
   }
 
-  async function load(append) {
-    clearTimeout(timer);
-    try {
-      const page = await api(`/v1/jobs?${query(append ? cursor : null)}`);
-      if (gone) return;
-      rows = append ? rows.concat(page.items) : page.items;
-      cursor = page.next_cursor;
-      fill(body, table());
-      more.hidden = !cursor;
-      if (rows.some((j) => !TERMINAL.has(j.state)) && !append) timer = setTimeout(() => load(false), REFRESH_MS);
-    } catch (err) {
-      if (!gone) fill(body, errorBox(err));
-    }
-  }
+  const list = pagedList({ url: (cursor) => `/v1/jobs?${query(cursor)}`, table,
+    active: (j) => !TERMINAL.has(j.state) });
 
   function refilter(e) {
     if (e) e.preventDefault();
     sessionStorage.setItem("tunefarm.jobs.filter", query().toString());
-    load(false);
+    list.load(false);
   }
   state.addEventListener("change", refilter);
   const form = h("form", { class: "filters", onsubmit: refilter }, state, op, owner,
     h("button", { type: "submit" }, "Filter"));
-  more.addEventListener("click", () => load(true));
-  view.append(h("h1", null, "Jobs"), form, body, more);
-  load(false);
-  return () => { gone = true; clearTimeout(timer); };
+  view.append(h("h1", null, "Jobs"), form, ...list.nodes);
+  list.load(false);
+  return list.stop;
 }
