@@ -34,7 +34,7 @@ import numpy as np
 from ..config import get_settings
 from ..errors import SpecError
 from .base import ArgSpec, OpDef, float_tolerance, is_int
-from .tvmscript import FIELD, param_buffers, parse_tvmscript
+from .tvmscript import FIELD, param_buffers, parse_python, parse_tvmscript
 from .tvmscript_rules import MAX_UNROLL_EXTENT, MAX_VECTORIZED_EXTENT
 
 SUPPORTED_DTYPES = ("float16", "float32", "float64", "int8", "int16", "int32", "int64",
@@ -247,7 +247,8 @@ def parse_tir(spec: dict[str, Any]) -> ParsedTir:
 def _description(text: str, args: list[ArgSpec], nout: int) -> str:
     import ast
 
-    name = next((n.name for n in ast.parse(text).body if isinstance(n, ast.FunctionDef)), "main")
+    name = next((n.name for n in parse_python(text).body if isinstance(n, ast.FunctionDef)),
+                "main")
 
     def fmt(a: ArgSpec) -> str:
         return f"{a[0]}[{','.join(str(d) for d in a[1])}] {a[2]}"

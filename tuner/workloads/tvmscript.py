@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import ast
 import math
+import threading
 import unicodedata
 from typing import Any
 
@@ -81,13 +82,26 @@ def _is_t_prim_func(node: ast.expr) -> bool:
             and isinstance(node.value, ast.Name) and node.value.id == "T")
 
 
+# CPython 3.11 keeps the AST converter's recursion depth in interpreter-wide state: two threads
+# parsing at once can fail with "SystemError: AST constructor recursion depth mismatch" (seen in
+# CI: the API vets a model's tasks in parallel threads). One parse at a time; the costly part, the
+# TVMScript parse in a child process, still runs in parallel.
+_AST_LOCK = threading.Lock()
+
+
+def parse_python(text: str) -> ast.Module:
+    """`ast.parse(text)`, one thread at a time."""
+    with _AST_LOCK:
+        return ast.parse(text, mode="exec")
+
+
 def _check_limits(text: str) -> ast.Module:
     limits = get_settings()
     size = len(text.encode("utf-8", "surrogatepass"))
     if size > limits.max_tvmscript_bytes:
         raise _fail(f"text is {size} bytes; the limit is {limits.max_tvmscript_bytes}")
     try:
-        tree = ast.parse(text, mode="exec")
+        tree = parse_python(text)
     except SyntaxError as exc:
         raise _fail(f"syntax error: {exc.msg}", exc) from None
     except (ValueError, RecursionError, MemoryError) as exc:
@@ -288,7 +302,7 @@ def vet_tvmscript(text: Any) -> str:
             lines[i] = ""
     vetted = "\n".join(lines)
     # defense in depth: what the parser gets is the vetted function and nothing else
-    if ast.dump(ast.parse(vetted)) != ast.dump(ast.Module(body=[fn], type_ignores=[])):
+    if ast.dump(parse_python(vetted)) != ast.dump(ast.Module(body=[fn], type_ignores=[])):
         raise _fail("the text changed meaning when its import line was removed")
     return vetted
 
