@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import linecache
+import math
 import re
 from collections.abc import Callable
 from typing import Any
@@ -133,7 +134,6 @@ _P = (1.9875691500e-4, 1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2, 1.6666
 
 def _exp_sub_intrin(lanes: int) -> tuple[object, object]:
     vec = f"float32x{lanes}"
-    ivec = f"int32x{lanes}"
 
     @T.prim_func(s_tir=True)
     def desc(x_h: T.handle, m_h: T.handle, y_h: T.handle) -> None:
@@ -148,9 +148,6 @@ def _exp_sub_intrin(lanes: int) -> tuple[object, object]:
                     vj = T.axis.remap("S", [j])
                     Y[vj] = T.exp(X[vj] - M[0])
 
-    def bc(c: float) -> object:
-        return T.broadcast(T.float32(c), lanes)
-
     @T.prim_func(s_tir=True)
     def impl(x_h: T.handle, m_h: T.handle, y_h: T.handle) -> None:
         X = T.match_buffer(x_h, (lanes,), "float32", offset_factor=1)
@@ -159,21 +156,120 @@ def _exp_sub_intrin(lanes: int) -> tuple[object, object]:
         with T.sblock("root"):
             T.reads(X[0:lanes], M[0:1])
             T.writes(Y[0:lanes])
-            x = T.max(T.min(X.vload([0], vec) - T.broadcast(M[0], lanes), bc(_EXP_HI)), bc(_EXP_LO))
-            # n <= 127: 2^n stays a normal float (x near 88.72 has n = 128, f ~ -ln2/2 + ln2)
-            n = T.min(T.floor(x * bc(_LOG2E) + bc(0.5)), bc(127.0))
-            f = x - n * bc(_LN2_HI) - n * bc(_LN2_LO)
-            p = (((((bc(_P[0]) * f + bc(_P[1])) * f + bc(_P[2])) * f + bc(_P[3])) * f
-                  + bc(_P[4])) * f + bc(_P[5])) * f * f + f + bc(1.0)
-            e = T.reinterpret(T.shift_left(T.Cast(ivec, n) + T.broadcast(T.int32(127), lanes),
-                                           T.broadcast(T.int32(23), lanes)), dtype=vec)
-            Y[T.ramp(T.int32(0), 1, lanes)] = p * e
+            Y[T.ramp(T.int32(0), 1, lanes)] = _vexp(X.vload([0], vec) - T.broadcast(M[0], lanes),
+                                                    lanes)
 
     return desc, impl
 
 
+def _vexp(x: Any, lanes: int) -> Any:
+    """exp of a float32 vector expression: the polynomial described above."""
+    def bc(c: float) -> Any:
+        return T.broadcast(T.float32(c), lanes)
+
+    def body(x: Any) -> Any:
+        # n <= 127: 2^n stays a normal float (x near 88.72 has n = 128, f ~ -ln2/2 + ln2)
+        return _let(T.min(T.floor(x * bc(_LOG2E) + bc(0.5)), bc(127.0)), lambda n: _let(
+            x - n * bc(_LN2_HI) - n * bc(_LN2_LO), lambda f: (
+                (((((bc(_P[0]) * f + bc(_P[1])) * f + bc(_P[2])) * f + bc(_P[3])) * f
+                  + bc(_P[4])) * f + bc(_P[5])) * f * f + f + bc(1.0))
+            * T.reinterpret(T.shift_left(T.Cast(f"int32x{lanes}", n)
+                                         + T.broadcast(T.int32(127), lanes),
+                                         T.broadcast(T.int32(23), lanes)),
+                            dtype=f"float32x{lanes}")))
+
+    return _let(T.max(T.min(x, bc(_EXP_HI)), bc(_EXP_LO)), body)
+
+
+def _let(value: Any, body: Callable[[Any], Any]) -> Any:
+    """`body(v)` with v bound to `value` once (a Let): a value used several times is computed
+    once, and the expression stays a tree of linear size for codegen."""
+    dtype = getattr(value, "dtype", None) or value.ty.dtype
+    var = tvm.tirx.Var("v", dtype)
+    return tvm.tirx.Let(var, value, body(var))
+
+
 for _lanes in (4, 8, 16):
     _FACTORIES[EXP_SUB_F32.format(lanes=_lanes)] = functools.partial(_exp_sub_intrin, _lanes)
+
+
+# --- activations: Y[l] = f(X[l]) for f in erf, tanh, sigmoid, over 16 fp32 lanes ------------------
+#
+# The bodies of the blocks relax legalizes GELU (erf or tanh form) and SiLU into; a GEMM epilogue
+# tensorizes the block (schedules/gemm.py) instead of making one libm call per lane. All three
+# are built on `_vexp`:
+# - erf: 1 - t (a1 + t (a2 + ...)) e^(-x^2), t = 1 / (1 + p |x|), sign of x (the rational form of
+#   Abramowitz & Stegun 7.1.26: absolute error 1.5e-7);
+# - tanh: (1 - e) / (1 + e) with e = e^(-2|x|), sign of x;
+# - both: |x| < 0.1 by their odd Taylor series to x^5 (the forms above lose relative precision
+#   there); absolute error < 5e-7 against math.erf and np.tanh (tests/schedules/test_intrinsics.py);
+# - sigmoid: 1 / (1 + e^-x).
+# NaN does not propagate (the exp's clamp turns it into a number), as with the softmax exp.
+
+ACTIVATION_F32 = "{fn}_f32x16"  # .format(fn="erf" | "tanh" | "sigmoid")
+ACTIVATIONS = ("erf", "tanh", "sigmoid")
+_ERF_P = 0.3275911
+_ERF_A = (1.061405429, -1.453152027, 1.421413741, -0.284496736, 0.254829592)
+
+
+def _activation(fn: str, x: Any, lanes: int) -> Any:
+    def bc(c: float) -> Any:
+        return T.broadcast(T.float32(c), lanes)
+
+    if fn == "sigmoid":
+        return bc(1.0) / (bc(1.0) + _vexp(bc(0.0) - x, lanes))
+
+    def odd(x: Any, a: Any, a2: Any) -> Any:  # f(|x|) with the sign of x
+        if fn == "erf":
+            def tail(t: Any) -> Any:
+                poly = bc(_ERF_A[0])
+                for c in _ERF_A[1:]:
+                    poly = poly * t + bc(c)
+                return bc(1.0) - poly * t * _vexp(bc(0.0) - a2, lanes)
+
+            big = _let(bc(1.0) / (bc(1.0) + bc(_ERF_P) * a), tail)
+            small = a * (bc(2.0 / math.sqrt(math.pi))
+                         * (bc(1.0) + a2 * (bc(-1.0 / 3.0) + a2 * bc(1.0 / 10.0))))
+        else:
+            big = _let(_vexp(bc(-2.0) * a, lanes), lambda e: (bc(1.0) - e) / (bc(1.0) + e))
+            small = a * (bc(1.0) + a2 * (bc(-1.0 / 3.0) + a2 * bc(2.0 / 15.0)))
+        return _let(T.Select(a < bc(0.1), small, big),
+                    lambda y: T.Select(x < bc(0.0), bc(0.0) - y, y))
+
+    return _let(x, lambda x: _let(T.max(x, bc(0.0) - x),
+                                  lambda a: _let(a * a, lambda a2: odd(x, a, a2))))
+
+
+def _activation_intrin(fn: str, lanes: int = 16) -> tuple[object, object]:
+    vec = f"float32x{lanes}"
+    f = getattr(T, fn)
+
+    @T.prim_func(s_tir=True)
+    def desc(x_h: T.handle, y_h: T.handle) -> None:
+        X = T.match_buffer(x_h, (lanes,), "float32", offset_factor=1)
+        Y = T.match_buffer(y_h, (lanes,), "float32", offset_factor=1)
+        with T.sblock("root"):
+            T.reads(X[0:lanes])
+            T.writes(Y[0:lanes])
+            for j in T.serial(0, lanes):
+                with T.sblock("activation"):
+                    vj = T.axis.remap("S", [j])
+                    Y[vj] = f(X[vj])
+
+    @T.prim_func(s_tir=True)
+    def impl(x_h: T.handle, y_h: T.handle) -> None:
+        X = T.match_buffer(x_h, (lanes,), "float32", offset_factor=1)
+        Y = T.match_buffer(y_h, (lanes,), "float32", offset_factor=1)
+        with T.sblock("root"):
+            T.reads(X[0:lanes])
+            T.writes(Y[0:lanes])
+            Y[T.ramp(T.int32(0), 1, lanes)] = _activation(fn, X.vload([0], vec), lanes)
+
+    return desc, impl
+
+
+for _fn in ACTIVATIONS:
+    _FACTORIES[ACTIVATION_F32.format(fn=_fn)] = functools.partial(_activation_intrin, _fn)
 
 
 # --- normalize: Y[l] = E[l] / S[0] as E[l] * (1 / S[0]) ---------------------------------------
