@@ -15,8 +15,9 @@ The classic register-blocked micro-kernel:
   whole reduction): mr rows broadcast from A/X, nv zmm vectors of the weight per k step;
 - the epilogue blocks are folded into one and inlined into the accumulator's write-back: bias,
   residual and activation are applied to the register tile on its way to memory; an erf or tanh
-  (GELU) is instead its own pass over the tile, tensorized with a polynomial (a vector libm is
-  not what TVM calls: one scalar call per lane), between the folded blocks before and after it;
+  (GELU) is instead its own pass over the tile (over the output when M is padded), tensorized
+  with a polynomial (TVM calls a scalar libm function per lane), between the folded blocks
+  before and after it;
 - any shape: N off the 16-lane grid is padded with zero weight columns in the packing, and the
   write-back is predicated (such a packing is not a plain copy, which is all the layout-rewrite
   passes take: the kernel packs its weight on every call, in parallel, so only for M >= 256
@@ -135,10 +136,10 @@ class GemmX86(Template):
         at = g.block + 1 if wpad is None and pm == 1 else _position(sch, blocks, blk)
         blk = blocks[at]
         rest = blocks[at + 1:]  # the epilogue; with padding, the unpadding copy first
-        # an activation among them (EPILOGUE_ACTIVATIONS; not yet when padded: its blocks would
-        # be predicated) is its own block, tensorized over the register tile; the blocks before
-        # it fold into one, those after it into another, each a vector pass over the tile
-        act = _activation(sch, rest) if (pm, pn) == (1, 1) else None
+        # an activation among them (EPILOGUE_ACTIVATIONS; not yet with N padded) is its own
+        # block, tensorized over the register tile; the blocks before it fold into one, those
+        # after it into another, each a vector pass over the tile
+        act = _activation(sch, rest) if pn == 1 else None
         staged: list[Any] = []
         if act is not None:
             before, after = rest[:act], rest[act + 1:]
@@ -164,8 +165,12 @@ class GemmX86(Template):
                              unrolled=[k1, i2, j2], vector=jl, k0=k0, lanes=LANES,
                              epilogue=epilogue)
         for b in staged:  # all moved first: a tensorized block is no longer a producer
-            sch.reverse_compute_at(b, middle[-1], preserve_unit_loops=True)
+            if pm == 1:
+                sch.reverse_compute_at(b, middle[-1], preserve_unit_loops=True)
         for b in staged:
+            if pm > 1:  # M padded: under the tile its row predicate would stop `tensorize`, so
+                # a parallel pass over the output (relax's GELU 50×384→1536: 0.94 → 0.31 ms)
+                sch.parallel(sch.get_loops(b)[0])
             _, lanes = sch.split(sch.get_loops(b)[-1], [None, LANES])
             fn = _activation_fn(sch, b)
             if fn is None:

@@ -76,6 +76,7 @@ def _transposed_a() -> Any:
     (32, 16, 16, "gelu_tanh", False),
     (8, 32, 32, "silu", False),
     (13, 32, 24, "relu", False),     # off the grid: M prime (padded to 16 rows)
+    (13, 32, 24, "gelu", False),     # the same with GELU: its passes over the whole output
     (256, 40, 24, "relu", False),    # N = 40, padded to 48
     (197, 32, 20, None, True),       # M prime, a residual
 ])
