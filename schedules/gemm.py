@@ -139,7 +139,7 @@ class GemmX86(Template):
         # an activation among them (EPILOGUE_ACTIVATIONS; not yet with N padded) is its own
         # block, tensorized over the register tile; the blocks before it fold into one, those
         # after it into another, each a vector pass over the tile
-        act = _activation(sch, rest) if pn == 1 else None
+        act = _activation_at(sch, rest) if pn == 1 else None
         staged: list[Any] = []
         if act is not None:
             before, after = rest[:act], rest[act + 1:]
@@ -200,7 +200,7 @@ def _activation_fn(sch: Any, block: Any) -> str | None:
     return fn if same else None
 
 
-def _activation(sch: Any, blocks: list[Any]) -> int | None:
+def _activation_at(sch: Any, blocks: list[Any]) -> int | None:
     """The position of the first activation block among the epilogue's blocks, if any."""
     return next((n for n, b in enumerate(blocks) if _activation_fn(sch, b)), None)
 
