@@ -87,6 +87,57 @@ def matmul(shape_a: tuple[int, ...], shape_b: tuple[int, ...]) -> Any:
     return func
 
 
+def conv2d(n: int, c: int, hw: int, o: int, k: int, *, stride: int = 1, pad: int = 0,
+           epilogue: str = "bias_relu", layout: str = "NCHW", depthwise: bool = False) -> Any:
+    """`R.nn.conv2d` of x[n, c, hw, hw] with a bound kernel [o, c, k, k] (NCHW; with layout
+    "NHWC": x[n, hw, hw, c], kernel [k, k, c, o]; `depthwise`: groups = c = o, kernel
+    [c, 1, k, k]), then the `epilogue`'s steps joined by "_": "bias" (a per-channel constant
+    added), "bn" (batch norm in inference as ResNet's export has it: subtract, divide,
+    multiply, add of per-channel constants), "res" (a second input of the output's shape added),
+    "relu", "relu6" (a clip to [0, 6]); "none" for none. Returns the one fused task relax
+    makes."""
+    steps = [] if epilogue == "none" else epilogue.split("_")
+    oh = (hw + 2 * pad - k) // stride + 1
+    nchw = layout == "NCHW"
+    groups = c if depthwise else 1
+
+    def shaped(ch: int, h: int) -> tuple[int, ...]:
+        return (n, ch, h, h) if nchw else (n, h, h, ch)
+
+    ins = {"x": shaped(c, hw), **({"r": shaped(o, oh)} if "res" in steps else {})}
+    consts = {"w": (o, c // groups, k, k) if nchw else (k, k, c, o),
+              **{name: (1, o, 1, 1) if nchw else (1, 1, 1, o) for name in _conv_consts(steps)}}
+    kw = {} if nchw else {"data_layout": "NHWC", "kernel_layout": "HWIO"}
+
+    def body(bb: Any, x: Any, w: Any, r: Any = None, **p: Any) -> Any:
+        y = bb.emit(op("nn.conv2d")(x, w, strides=stride, padding=pad, groups=groups, **kw))
+        for step in steps:
+            if step == "bias":
+                y = bb.emit(op("add")(y, p["bias"]))
+            elif step == "bn":
+                for name, fn in BN_STEPS:
+                    y = bb.emit(op(fn)(y, p[name]))
+            elif step == "res":
+                y = bb.emit(op("add")(y, r))
+            elif step == "relu6":
+                y = bb.emit(op("clip")(y, 0.0, 6.0))
+            else:
+                y = bb.emit(op(f"nn.{step}")(y))
+        return y
+
+    (func,) = tasks(ins, consts, body).values()
+    return func
+
+
+BN_STEPS = (("mean", "subtract"), ("std", "divide"), ("gamma", "multiply"), ("beta", "add"))
+
+
+def _conv_consts(steps: list[str]) -> list[str]:
+    """The per-channel constants of a conv2d epilogue, in the task's parameter order."""
+    return [*(["bias"] if "bias" in steps else []),
+            *([name for name, _ in BN_STEPS] if "bn" in steps else [])]
+
+
 # --- the suite ----------------------------------------------------------------------------------
 
 def _lin(i: str, m: int, n: int, k: int, act: str | None = None, *,
@@ -94,6 +145,16 @@ def _lin(i: str, m: int, n: int, k: int, act: str | None = None, *,
     title = f"linear {m}×{k}→{n}" + (f" +{act}" if act else "") + (" +res" if residual else "")
     return {"id": i, "title": title, "peak": "fp32",
             "model": {"kind": "linear", "m": m, "n": n, "k": k, "act": act, "residual": residual}}
+
+
+def _conv(i: str, c: int, hw: int, o: int, k: int, *, stride: int = 1, pad: int = 0,
+          epilogue: str, depthwise: bool = False) -> dict[str, Any]:
+    kind = "depthwise" if depthwise else "conv2d"
+    title = f"{kind} {k}×{k}/{stride} {c}→{o} {hw}² +{epilogue.replace('_', '+')}"
+    return {"id": i, "title": title, "peak": "fp32",
+            "model": {"kind": "conv2d", "n": 1, "c": c, "hw": hw, "o": o, "k": k,
+                      "stride": stride, "pad": pad, "epilogue": epilogue,
+                      "depthwise": depthwise}}
 
 
 FUSED: list[dict[str, Any]] = [
@@ -109,6 +170,16 @@ FUSED: list[dict[str, Any]] = [
      "model": {"kind": "matmul", "a": [512, 512], "b": [512, 512]}},
     {"id": "F10", "title": "R.matmul (4,128,256)·(256,512) broadcast", "peak": "fp32",
      "model": {"kind": "matmul", "a": [4, 128, 256], "b": [256, 512]}},
+    # ResNet-18's convolutions as its torch.export -> relax tasks have them: batch norm as four
+    # per-channel steps, a residual input, relu
+    _conv("F11", 64, 56, 64, 3, pad=1, epilogue="bn_res_relu"),  # stage 1, second conv
+    _conv("F12", 3, 224, 64, 7, stride=2, pad=3, epilogue="bn_relu"),  # the stem
+    _conv("F13", 128, 28, 256, 1, stride=2, epilogue="bn"),  # stage 3's downsample
+    _conv("F14", 256, 14, 256, 3, pad=1, epilogue="bias_relu"),  # OW = 14
+    # MobileNetV2's depthwise convolutions (relax: a conv2d with groups = channels) + batch norm
+    # + relu6
+    _conv("F15", 144, 56, 144, 3, pad=1, epilogue="bn_relu6", depthwise=True),
+    _conv("F16", 384, 14, 384, 3, pad=1, epilogue="bn_relu6", depthwise=True),
 ]
 
 
@@ -117,6 +188,10 @@ def spec_of(model: dict[str, Any]) -> dict[str, Any]:
     if model["kind"] == "linear":
         func = linear(model["m"], model["n"], model["k"], model.get("act"),
                       residual=bool(model.get("residual")))
+    elif model["kind"] == "conv2d":
+        func = conv2d(model["n"], model["c"], model["hw"], model["o"], model["k"],
+                      stride=model["stride"], pad=model["pad"], epilogue=model["epilogue"],
+                      depthwise=bool(model.get("depthwise")))
     else:
         func = matmul(tuple(model["a"]), tuple(model["b"]))
     return {"op": "tir", "tvmscript": func.script()}
@@ -131,6 +206,8 @@ def torch_fn(model: dict[str, Any], inputs: list[np.ndarray], torch: Any) -> tup
     if model["kind"] == "matmul":
         a, b = t
         return (lambda: torch.matmul(a, b)), "torch.matmul(a, b)"
+    if model["kind"] == "conv2d":
+        return _torch_conv(model, t, F)
     x, w_kn, b, *res = t
     w = w_kn.t().contiguous()
     act = model.get("act")
@@ -141,3 +218,30 @@ def torch_fn(model: dict[str, Any], inputs: list[np.ndarray], torch: Any) -> tup
         r = res[0]
         return (lambda: f(F.linear(x, w, b)) + r), f"{act or ''}(F.linear(x, w, b)) + r"
     return (lambda: f(F.linear(x, w, b))), f"{act or 'id'}(F.linear(x, w, b))"
+
+
+def _torch_conv(model: dict[str, Any], t: list[Any], F: Any) -> tuple[Any, str]:
+    """F.conv2d, then the epilogue as PyTorch runs it: the bias in the convolution, batch norm
+    as one `F.batch_norm` (inference: running variance std², its gamma carrying std's sign)."""
+    steps = [] if model["epilogue"] == "none" else model["epilogue"].split("_")
+    x, w, *rest = t
+    names = _conv_consts(steps)
+    p = {n: v.flatten() for n, v in zip(names, rest, strict=False)}
+    res = rest[len(names)] if "res" in steps else None
+    kw = {"stride": model["stride"], "padding": model["pad"],
+          "groups": model["c"] if model.get("depthwise") else 1}
+    bias = p.get("bias")
+    if "bn" in steps:
+        var, gamma = p["std"] * p["std"], p["gamma"] * p["std"].sign()
+
+    def run() -> Any:
+        y = F.conv2d(x, w, bias, **kw)
+        if "bn" in steps:
+            y = F.batch_norm(y, p["mean"], var, gamma, p["beta"], False, 0.0, 0.0)
+        if res is not None:
+            y = y + res
+        if "relu6" in steps:
+            return F.relu6(y)
+        return F.relu(y) if "relu" in steps else y
+
+    return run, "F.conv2d" + "".join(f" +{s}" for s in steps)

@@ -1,4 +1,7 @@
-"""Convolution family on x86 with AVX-512 (fp32): conv2d NCHW / NHWC, depthwise_conv2d NCHW.
+"""Convolution family on x86 with AVX-512 (fp32): conv2d NCHW / NHWC, depthwise_conv2d NCHW,
+matched by structure (`schedules/match_conv.py`): the op specs, and the PrimFuncs relax makes of
+a model's convolutions with their fused epilogues (bias, batch norm, residual add, relu, relu6),
+which are folded into the register tile's write-back (no pass over memory of their own).
 
 - conv2d (both layouts): the NCHWc-style direct convolution. The kernel (a layout-free model
   constant) is packed by a `meta_schedule.layout_rewrite_preproc` block into output-channel blocks
@@ -26,7 +29,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from schedules.base import Template, is_x86
+from schedules.base import Template, fold_epilogue, is_x86
 from schedules.knobs import (
     Categorical,
     DesignSpace,
@@ -35,6 +38,8 @@ from schedules.knobs import (
     RegisterTile,
     knob_table,
 )
+from schedules.match import NoMatch
+from schedules.match_conv import ConvMatch, DepthwiseMatch, match_conv, match_depthwise
 from tuner.workloads import Workload
 
 LANES = 16  # fp32 lanes of a zmm register: the fixed output-channel block of the packed kernel
@@ -51,17 +56,48 @@ def _pack_kernel(sch: Any, blk: Any, index: int, index_map: Callable[..., Any]) 
     return packed
 
 
-def _padded(workload: Workload) -> bool:
-    return any(int(p) > 0 for p in workload.spec.get("padding", [0, 0]))
+def _matched(workload: Workload, depthwise: bool) -> ConvMatch | DepthwiseMatch | NoMatch:
+    return match_depthwise(workload) if depthwise else match_conv(workload)
 
 
-def _float32_x86(workload: Workload, target: Any, ops: tuple[str, ...]) -> bool:
-    return workload.op in ops and is_x86(target) and workload.spec.get("dtype") == "float32"
+def _match(workload: Workload, depthwise: bool) -> ConvMatch | DepthwiseMatch:
+    m = _matched(workload, depthwise)
+    assert not isinstance(m, NoMatch), m
+    return m
 
 
 class _Direct(Template):
-    """What the convolution templates share: the explicit-unroll knob, sampled last, and the
-    placement of the padded input, a design space only where there is padding."""
+    """What the convolution templates share: matching by structure (`schedules/match_conv.py`),
+    the explicit-unroll knob, sampled last, the placement of the padded input, a design space
+    only where there is padding, and the epilogue folded into the register tile's write-back."""
+
+    depthwise = False
+
+    def applies(self, workload: Workload, target: Any) -> bool:
+        return self.why_not(workload, target) is None
+
+    def why_not(self, workload: Workload, target: Any) -> str | None:
+        m = _matched(workload, self.depthwise)
+        if isinstance(m, NoMatch):
+            return m.reason
+        return "not an x86 LLVM target" if not is_x86(target) else self._why_not(m)
+
+    def _why_not(self, m: Any) -> str | None:
+        return None
+
+    @staticmethod
+    def _fold_epilogue(sch: Any, m: ConvMatch | DepthwiseMatch) -> Any | None:
+        """The epilogue blocks folded into one (None without any), for `_write_back`."""
+        if not m.epilogue:
+            return None
+        return fold_epilogue(sch, list(sch.get_child_blocks(sch.get_sblock("root"))[-m.epilogue:]))
+
+    @staticmethod
+    def _write_back(sch: Any, acc: Any, at: Any, epilogue: Any | None) -> None:
+        """The accumulator written back at loop `at`, through the folded `epilogue`."""
+        sch.reverse_compute_at(acc, at, preserve_unit_loops=True)
+        if epilogue is not None:
+            sch.reverse_compute_inline(epilogue)
 
     def _sample_unroll(self, sch: Any) -> None:
         """The explicit-unroll knob, an annotation of the root block. Call it last: in TVM 0.27 a
@@ -75,7 +111,8 @@ class _Direct(Template):
         # without padding the "padded input" is a plain copy of the data: computing it is pure
         # waste, so it is only inlined
         variants = super().design_variants(workload)
-        return variants if _padded(workload) else [v for v in variants if v["pad"] == "inline"]
+        padded = _match(workload, self.depthwise).padded
+        return variants if padded else [v for v in variants if v["pad"] == "inline"]
 
     @staticmethod
     def _place_padding(sch: Any, padb: list[Any], pad: str, *, tile: Any, task: Any) -> bool:
@@ -98,13 +135,19 @@ OW_TILE = (4, 14)  # register tile over output columns: ow x ocv*16 accumulators
 
 
 class _Conv2dX86(_Direct):
-    ops = ("conv2d",)
+    """Matched by structure (`schedules.match_conv.match_conv`): the op spec conv2d, and relax's
+    `fused_conv2d_add_relu` and kin (batch norm as subtract, divide, multiply, add; a residual
+    add) sent as `tir`, whose epilogue is folded into the register tile's write-back."""
+
+    ops = ("conv2d", "tir")
     layout = "NCHW"
 
-    def applies(self, workload: Workload, target: Any) -> bool:
-        return (_float32_x86(workload, target, self.ops)
-                and workload.spec.get("layout") == self.layout
-                and workload.spec["shape"][4] % LANES == 0)
+    def _why_not(self, m: Any) -> str | None:
+        if m.layout != self.layout:
+            return f"a {m.layout} convolution, not {self.layout}"
+        if m.out[1] % LANES:
+            return f"O={m.out[1]} output channels are not a multiple of {LANES}"
+        return None
 
     @staticmethod
     def _knobs(order_doc: str) -> Mapping[str, Knob]:
@@ -127,11 +170,13 @@ class _Conv2dX86(_Direct):
         )
 
     def knob_extents(self, workload: Workload) -> dict[str, int]:
-        return {"tile_ow": int(workload.arg_specs()[-1][1][3 if self.layout == "NCHW" else 2])}
+        return {"tile_ow": _match(workload, False).out[3]}
 
     def schedule(self, sch: Any, workload: Workload, target: Any, *, pad: str, order: str) -> None:
+        m = _match(workload, False)
         nchw = self.layout == "NCHW"
-        conv = sch.get_sblock("conv2d_nchw" if nchw else "conv2d_nhwc")
+        epilogue = self._fold_epilogue(sch, m)
+        conv = sch.get_sblock(m.block)
         if nchw:
             _pack_kernel(sch, conv, 1, lambda o, c, kh, kw: (o // LANES, c, kh, kw, o % LANES))
             n, o, oh, ow, rc, rh, rw = sch.get_loops(conv)
@@ -155,8 +200,8 @@ class _Conv2dX86(_Direct):
             # accumulator too, so that each lane vector is one contiguous (register) value
             sch.transform_layout(conv, ("write", 0),
                                  lambda b, c, h, w: (b, c // LANES, h, w, c % LANES))
-        sch.reverse_compute_at(acc, ow0, preserve_unit_loops=True)
-        padb = [b for b in sch.get_producers(conv) if sch.get(b).name_hint == "pad_temp"]
+        self._write_back(sch, acc, ow0, epilogue)
+        padb = [b for b in sch.get_producers(conv) if sch.get(b).name_hint == m.pad]
         self._place_padding(sch, padb, pad, tile=ow0, task=par)
         sch.parallel(par)
         sch.unroll(ow1)
@@ -198,8 +243,12 @@ DW_LANES = (8, 16)  # vector width along the output row (a divisor of OW)
 
 
 class DepthwiseNCHWX86(_Direct):
+    """Matched by structure: the op spec depthwise_conv2d, and relax's conv2d with groups =
+    channels (`fused_conv2d_multiply_add_clip`: MobileNet's depthwise + batch norm + relu6)."""
+
     name = "depthwise-nchw-x86"
-    ops = ("depthwise_conv2d",)
+    ops = ("depthwise_conv2d", "tir")
+    depthwise = True
     description = ("depthwise NCHW vectorized along the output width: (oh x ow-vectors) register "
                    "tile, KH x KW unrolled, parallel over (batch, channels, rows)")
     KNOBS = knob_table(
@@ -215,24 +264,24 @@ class DepthwiseNCHWX86(_Direct):
         unroll=UNROLL,
     )
 
-    def applies(self, workload: Workload, target: Any) -> bool:
-        return _float32_x86(workload, target, self.ops) and workload.spec.get("layout") == "NCHW"
-
     def knob_extents(self, workload: Workload) -> dict[str, int]:
-        return {"lanes": int(workload.arg_specs()[-1][1][3])}
+        return {"lanes": _match(workload, True).out[3]}
 
     def schedule(self, sch: Any, workload: Workload, target: Any, *, pad: str) -> None:
-        conv = sch.get_sblock("DepthwiseConv2d")
-        b, c, oh, ow, rh, rw = sch.get_loops(conv)
+        m = _match(workload, True)
+        epilogue = self._fold_epilogue(sch, m)
+        conv = sch.get_sblock(m.block)
+        b, c, oh, ow, *red = sch.get_loops(conv)  # red: [group channel (1),] rh, rw
+        rh, rw = red[-2:]
         c0, c1 = self.split(sch, "tile_c", c)
         oh0, oh1, oh2 = self.split(sch, "tile_oh", oh)
         owv, ow2 = self.split(sch, "lanes", ow)
         ow0, ow1 = self.split(sch, "tile_ow", owv)
-        sch.reorder(b, c0, oh0, c1, oh1, ow0, rh, rw, oh2, ow1, ow2)
+        sch.reorder(b, c0, oh0, c1, oh1, ow0, *red, oh2, ow1, ow2)
         par = sch.fuse(b, c0, oh0)
         acc = sch.cache_write(conv, 0, "local")
-        sch.reverse_compute_at(acc, ow0, preserve_unit_loops=True)
-        padb = [p for p in sch.get_producers(conv) if sch.get(p).name_hint == "PaddedInput"]
+        self._write_back(sch, acc, ow0, epilogue)
+        padb = [p for p in sch.get_producers(conv) if sch.get(p).name_hint == m.pad]
         if self._place_padding(sch, padb, pad, tile=ow0, task=par):
             sch.vectorize(sch.get_loops(padb[0])[-1])
         sch.parallel(par)
@@ -241,7 +290,7 @@ class DepthwiseNCHWX86(_Direct):
         sch.unroll(oh2)
         sch.unroll(ow1)
         sch.vectorize(ow2)
-        init = sch.decompose_reduction(conv, rh)
+        init = sch.decompose_reduction(conv, red[0])
         sch.vectorize(sch.get_loops(init)[-1])
         sch.vectorize(sch.get_loops(acc)[-1])
         self._sample_unroll(sch)

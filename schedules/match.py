@@ -16,6 +16,8 @@ does not match, the reason (`NoMatch`), which `tunefarm spaces --tvmscript` prin
 
 The template folds the epilogue into one block (`compute_inline`) and then into the GEMM's
 register write-back (`reverse_compute_inline`): no separate pass over memory.
+
+`schedules/match_conv.py` does the same for convolutions.
 """
 
 from __future__ import annotations
@@ -66,11 +68,17 @@ def child_blocks(func: Any) -> list[Any]:
     return [r.block for r in found if root is None or not r.block.same_as(root)]
 
 
-def _is_var(e: Any, var: Any) -> bool:
+def is_var(e: Any, var: Any) -> bool:
     return isinstance(e, tvm.tirx.Var) and e.same_as(var)
 
 
-def _loads(expr: Any) -> list[Any]:
+def unit_dim(index: Any, extent: Any) -> bool:
+    """Index 0 of a dimension of extent 1: how relax broadcasts a [1, C, 1, 1] bias."""
+    return (isinstance(index, tvm.tirx.IntImm) and int(index.value) == 0
+            and isinstance(extent, tvm.tirx.IntImm) and int(extent.value) == 1)
+
+
+def loads(expr: Any) -> list[Any]:
     out: list[Any] = []
     tvm_ffi.structural_walk(expr, [((tvm.ir.TensorLoad,), out.append)])
     return out
@@ -90,14 +98,14 @@ def _gemm_block(b: Any) -> tuple[int, int, int, int, int, int, str] | str:
         return "an iterator has a symbolic extent"
     *bat, iv, jv, kv = [iv.var for iv in b.iter_vars]
     spatial = [*bat, iv, jv]
-    if len(st.indices) != len(spatial) or not all(map(_is_var, st.indices, spatial)):
+    if len(st.indices) != len(spatial) or not all(map(is_var, st.indices, spatial)):
         return "the reduction does not store C at its spatial iterators"
     if not (isinstance(init.value, tvm.tirx.FloatImm) and float(init.value.value) == 0.0):
         return "the reduction does not start from 0"
     v = st.value
     if not (isinstance(v, tvm.tirx.Add) and isinstance(v.b, tvm.tirx.Mul)
             and isinstance(v.a, tvm.ir.TensorLoad) and v.a.source.same_as(st.buffer)
-            and all(map(_is_var, v.a.indices, spatial))
+            and all(map(is_var, v.a.indices, spatial))
             and isinstance(v.b.a, tvm.ir.TensorLoad) and isinstance(v.b.b, tvm.ir.TensorLoad)):
         return "the reduction is not C += A * B"
     if any(str(x.dtype) != "float32" for x in (st.buffer, v.b.a.source, v.b.b.source)):
@@ -107,7 +115,7 @@ def _gemm_block(b: Any) -> tuple[int, int, int, int, int, int, str] | str:
     def axes(load: Any) -> str | None:  # "bik" for A[b, i, k]; None for any other index
         out = ""
         for e in load.indices:
-            hit = [c for c, x in named if _is_var(e, x)]
+            hit = [c for c, x in named if is_var(e, x)]
             if len(hit) != 1:
                 return None
             out += hit[0]
@@ -123,7 +131,7 @@ def _gemm_block(b: Any) -> tuple[int, int, int, int, int, int, str] | str:
     batch_prefix = "b" * len(bat)
     if w_axes not in {batch_prefix + "kj", batch_prefix + "jk", "kj", "jk"}:
         return "the other operand is not indexed [*batch, k, j] or [*batch, j, k]"
-    if w_axes.startswith("b") and any(not _is_var(e, x) for e, x in zip(w.indices, bat,
+    if w_axes.startswith("b") and any(not is_var(e, x) for e, x in zip(w.indices, bat,
                                                                         strict=False)):
         return "the weight's batch dimensions are not C's, in order"
     reads = [r.source for r in b.reads]
@@ -134,23 +142,24 @@ def _gemm_block(b: Any) -> tuple[int, int, int, int, int, int, str] | str:
     return len(bat), math.prod(dims[:-3]), dims[-3], dims[-2], dims[-1], idx[0], w_axes
 
 
-def _epilogue(blocks: list[Any], c_shape: list[int], written: list[Any],
-              outputs: list[Any]) -> str | None:
-    """Why the blocks after the GEMM are not an elementwise epilogue, or None."""
+def epilogue_problem(blocks: list[Any], c_shape: list[int], written: list[Any],
+              outputs: list[Any], what: str = "GEMM") -> str | None:
+    """Why the blocks after the `what` block are not an elementwise epilogue, or None."""
     for n, b in enumerate(blocks):
         if any(int(iv.iter_type) != DATA_PAR for iv in b.iter_vars) or b.init is not None:
-            return f"block {b.name_hint} after the GEMM is not elementwise"
+            return f"block {b.name_hint} after the {what} is not elementwise"
         dims = [iv.dom.extent for iv in b.iter_vars]
         if [int(d.value) if isinstance(d, tvm.tirx.IntImm) else -1 for d in dims] != c_shape:
-            return f"block {b.name_hint} after the GEMM does not span C's shape"
+            return f"block {b.name_hint} after the {what} does not span its output's shape"
         st, its = b.body, [iv.var for iv in b.iter_vars]
         if not isinstance(st, tvm.tirx.BufferStore) or len(st.indices) != len(its) \
-                or not all(map(_is_var, st.indices, its)):
+                or not all(map(is_var, st.indices, its)):
             return f"block {b.name_hint} does not store at its iterators"
-        for ld in _loads(st.value):
+        for ld in loads(st.value):
             earlier = any(ld.source.same_as(x) for x in written)
-            exact = len(ld.indices) == len(its) and all(map(_is_var, ld.indices, its))
-            subset = all(any(_is_var(e, x) for x in its) for e in ld.indices)
+            exact = len(ld.indices) == len(its) and all(map(is_var, ld.indices, its))
+            subset = all(any(is_var(e, x) for x in its) or unit_dim(e, d)
+                         for e, d in zip(ld.indices, ld.source.shape, strict=True))
             if (earlier and not exact) or not subset:
                 return f"block {b.name_hint} reads {ld.source.name} at other indices"
         last = n == len(blocks) - 1
@@ -175,7 +184,7 @@ def match_gemm_func(func: Any) -> GemmMatch | NoMatch:
         return NoMatch("the GEMM's result is an output and also feeds an epilogue")
     if not rest and not any(c.same_as(p) for p in params):
         return NoMatch("the GEMM's result is not an output")
-    why = _epilogue(rest, [int(d) for d in c.shape], [c], params)
+    why = epilogue_problem(rest, [int(d) for d in c.shape], [c], params)
     if why is not None:
         return NoMatch(why)
     return GemmMatch(0, batch, batch_size, m, n, k, weight, w_axes, len(rest))
@@ -183,8 +192,11 @@ def match_gemm_func(func: Any) -> GemmMatch | NoMatch:
 
 def match_gemm(workload: Workload) -> GemmMatch | NoMatch:
     """`match_gemm_func` of the workload's PrimFunc, cached on the workload."""
-    key = "match:gemm"
+    return cached_match(workload, "match:gemm", match_gemm_func)
+
+
+def cached_match(workload: Workload, key: str, match: Any) -> Any:
     if key not in workload._cache:
-        workload._cache[key] = match_gemm_func(workload.prim_func())
-    result: GemmMatch | NoMatch = workload._cache[key]
-    return result
+        workload._cache[key] = match(workload.prim_func())
+    return workload._cache[key]
+

@@ -172,6 +172,57 @@ def test_tune_model_then_build_then_export_and_import(model_py: Path, tmp_path: 
     assert "2 of 2 tasks with a tuned schedule" in rebuilt.stdout, rebuilt.stdout
 
 
+# Two residual-style convolutions: conv + bias + relu, then conv + scale + shift + the first's
+# output added + relu (each one fused task of relax's), weights constants.
+CONV_MODEL_PY = """
+import numpy as np
+from tvm import relax
+
+
+def model():
+    rng = np.random.default_rng(0)
+
+    def const(*shape):
+        return relax.const(rng.uniform(-1, 1, shape).astype("float32"))
+
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((1, 8, 12, 12), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            h = bb.emit(relax.op.nn.conv2d(x, const(16, 8, 3, 3), padding=1))
+            h = bb.emit(relax.op.nn.relu(relax.op.add(h, const(1, 16, 1, 1))))
+            y = bb.emit(relax.op.nn.conv2d(h, const(16, 16, 3, 3), padding=1))
+            y = bb.emit(relax.op.add(relax.op.multiply(y, const(1, 16, 1, 1)), const(1, 16, 1, 1)))
+            out = bb.emit_output(relax.op.nn.relu(relax.op.add(y, h)))
+        bb.emit_func_output(out)
+    return bb.get()
+"""
+
+
+@pytest.mark.slow
+def test_a_conv_model_is_tuned_by_the_conv_template_and_built_without_fallbacks(
+        tmp_path: Path) -> None:
+    from tuner.db import Store
+
+    model_py = tmp_path / "convnet.py"
+    model_py.write_text(CONV_MODEL_PY)
+    url = f"sqlite:///{tmp_path / 'tf.db'}"
+    tuned = _cli("tune-model", str(model_py), "--trials", "16", "--round-trials", "8",
+                 env_db=url)
+    assert tuned.returncode == 0, tuned.stdout[-3000:] + tuned.stderr[-3000:]
+    rows = Store(url).records()
+    assert len(rows) == 16 and {r.space for r in rows} == {"conv2d-nchwc-x86"}, \
+        {r.space for r in rows}
+    so = tmp_path / "convnet.so"
+    built = _cli("build", str(model_py), "-o", str(so), env_db=url)  # a process of its own
+    assert built.returncode == 0, built.stderr[-2000:]
+    assert "2 of 2 tasks with a tuned schedule" in built.stdout, built.stdout
+    vm = relax.VirtualMachine(tvm.runtime.load_module(str(so)), tvm.cpu())
+    x = np.random.default_rng(1).uniform(-1, 1, (1, 8, 12, 12)).astype("float32")
+    got = vm["main"](tvm.runtime.tensor(x)).numpy()
+    np.testing.assert_allclose(got, _reference(load_model(model_py), x), rtol=1e-4, atol=1e-4)
+
+
 @pytest.mark.slow
 def test_a_killed_model_job_resumes_without_measuring_twice(model_py: Path,
                                                             tmp_path: Path) -> None:

@@ -1,16 +1,25 @@
-"""Matching by structure (schedules/match.py): the GEMM template serves any PrimFunc whose blocks
-are a GEMM with an elementwise epilogue, as relax sends them, and its programs are correct."""
+"""Matching by structure (schedules/match.py): the GEMM and conv2d templates serve any PrimFunc
+whose blocks are a GEMM or a direct convolution with an elementwise epilogue, as relax sends
+them, and their programs are correct."""
 
 from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import pytest
 
 from bench import fused as relax_tasks
 from schedules import registry
 from schedules.match import GemmMatch, NoMatch, match_gemm_func
+from schedules.match_conv import (
+    ConvMatch,
+    DepthwiseMatch,
+    match_conv_func,
+    match_depthwise_func,
+)
 from tests.schedules.test_spaces import X86, check_outputs, sample_points
+from tuner import tvm_api as tv
 from tuner.workloads import parse_spec
 
 
@@ -143,3 +152,143 @@ def test_spaces_says_which_families_match_a_tvmscript_file_and_why_not(tmp_path:
     soft = CliRunner().invoke(app, ["spaces", "softmax", "--shape", "4,64"])
     reason = {s["name"]: s["reason"] for s in json.loads(soft.output)}["gemm-x86"]
     assert "reduction" in reason
+
+
+# --- conv2d --------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("spec", "layout", "out", "padded"), [
+    ({"op": "conv2d", "shape": [1, 8, 10, 10, 32, 3, 3], "padding": 1}, "NCHW", (1, 32, 10, 10),
+     True),
+    ({"op": "conv2d", "shape": [2, 8, 10, 9, 32, 3, 3], "layout": "NHWC", "stride": 2}, "NHWC",
+     (2, 32, 4, 4), False),
+])
+def test_conv_op_specs_are_matched_by_their_blocks(spec: dict[str, Any], layout: str,
+                                                   out: tuple[int, ...], padded: bool) -> None:
+    m = match_conv_func(parse_spec(spec).prim_func())
+    assert isinstance(m, ConvMatch), m
+    assert (m.layout, m.out, m.c, m.padded, m.epilogue) == (layout, out, 8, padded, 0)
+
+
+def test_relax_conv_tasks_with_epilogues_are_matched() -> None:
+    m = match_conv_func(relax_tasks.conv2d(1, 8, 12, 32, 3, pad=1, epilogue="bn_res_relu"))
+    assert isinstance(m, ConvMatch), m  # subtract, divide, multiply, add, add, relu
+    assert (m.layout, m.out, m.padded, m.epilogue) == ("NCHW", (1, 32, 12, 12), True, 6)
+    # without padding relax still writes the data through a block of its own: a plain copy
+    m = match_conv_func(relax_tasks.conv2d(1, 16, 14, 32, 1, stride=2))
+    assert isinstance(m, ConvMatch) and m.pad is not None and not m.padded, m
+    assert (m.out, m.epilogue) == ((1, 32, 7, 7), 2)
+
+
+@pytest.mark.parametrize(("func", "why"), [
+    (lambda: parse_spec({"op": "depthwise_conv2d", "shape": [1, 8, 8, 8, 3, 3]}).prim_func(),
+     "followed by 3 reductions"),
+    (lambda: parse_spec({"op": "matmul", "shape": [8, 8, 8]}).prim_func(),
+     "followed by 3 reductions"),
+    (lambda: relax_tasks.conv2d(1, 8, 8, 8, 3, depthwise=True), "operands are not"),
+    (lambda: parse_spec({"op": "conv2d", "shape": [1, 8, 8, 8, 16, 3, 3],
+                         "dtype": "float64"}).prim_func(), "float32"),
+])
+def test_what_the_conv_matcher_does_not_serve_says_why(func: Any, why: str) -> None:
+    got = match_conv_func(func())
+    assert isinstance(got, NoMatch) and why in got.reason, got
+
+
+def test_output_channels_off_the_16_grid_are_left_to_the_generated_space() -> None:
+    wl = tir(relax_tasks.conv2d(1, 8, 10, 24, 3, pad=1))
+    why = registry.TEMPLATES["conv2d-nchwc-x86"].why_not(wl, X86)
+    assert why == "O=24 output channels are not a multiple of 16", why
+    assert registry.resolve("default", wl, X86) == "auto"
+
+
+@pytest.mark.parametrize(("c", "hw", "o", "k", "stride", "pad", "epilogue", "layout"), [
+    (8, 10, 32, 3, 1, 1, "bias_relu", "NCHW"),
+    (3, 20, 16, 7, 2, 3, "bn_relu", "NCHW"),      # a stem: 3 channels, 7×7, stride 2
+    (16, 9, 32, 1, 2, 0, "bn", "NCHW"),           # a 1×1 downsample: the data block is a copy
+    (16, 8, 16, 3, 1, 1, "bn_res_relu", "NCHW"),  # batch norm's four steps, a residual, relu
+    (8, 7, 16, 3, 1, 1, "none", "NCHW"),
+    (8, 10, 32, 3, 1, 1, "bn_res_relu", "NHWC"),
+    (16, 9, 16, 1, 2, 0, "bias_relu", "NHWC"),
+])
+def test_the_conv_template_serves_fused_relax_tasks(c: int, hw: int, o: int, k: int, stride: int,
+                                                    pad: int, epilogue: str, layout: str) -> None:
+    wl = tir(relax_tasks.conv2d(1, c, hw, o, k, stride=stride, pad=pad, epilogue=epilogue,
+                                layout=layout))
+    name = "conv2d-nchwc-x86" if layout == "NCHW" else "conv2d-nhwc-x86"
+    assert registry.resolve("default", wl, X86) == name
+    points = sample_points(registry.space_generator(name, wl, X86), wl, X86, n=2)
+    # 2 reduction orders x 3 placements of the padded input; a plain copy is only inlined
+    assert len(points) == 2 * 2 * (3 if pad else 1)
+    for sch in points:
+        text = sch.mod.script()
+        # every epilogue block folded into the register tile's write-back: no pass over memory
+        assert 'T.sblock("T_' not in text and 'T.sblock("compute")' not in text, text
+        check_outputs(sch, wl, X86)
+
+
+def test_a_batch_norm_near_zero_is_no_wrong_answer() -> None:
+    """ResNet-18's last stage (512 channels, 3×3, 7×7): with its batch norm's divisor drawn in
+    [-1, 1] like any input, a channel divided by ~0.003 turned every schedule's reordered sum into
+    a wrong answer (1 element of 25,088, 0.027 against a tolerance of 0.0046), and a model job
+    spent its budget on a task that could never pass. Divisors are drawn from ±[0.5, 1]."""
+    from workers.evaluate import check
+
+    wl = tir(relax_tasks.conv2d(1, 512, 7, 512, 3, pad=1, epilogue="bn_res_relu"))
+    (sch,) = sample_points(registry.space_generator("conv2d-nchwc-x86", wl, X86), wl, X86,
+                           n=1)[:1]
+    rt = tv.compile_module(sch.mod, X86)
+    inputs = wl.make_inputs(0)  # what a worker checks against
+    dev = tv.tvm.cpu(0)
+    out = tv.tvm.runtime.tensor(np.zeros(wl.arg_specs()[-1][1], "float32"), dev)
+    rt["main"](*(tv.tvm.runtime.tensor(a, dev) for a in inputs), out)
+    ok, err, why = check([out.numpy()], wl.reference(inputs), *wl.tolerance())
+    assert ok, why
+
+
+# --- depthwise conv2d ----------------------------------------------------------------------------
+
+def test_depthwise_op_specs_and_relax_grouped_convs_are_matched() -> None:
+    spec = parse_spec({"op": "depthwise_conv2d", "shape": [1, 8, 10, 10, 3, 3], "padding": 1})
+    m = match_depthwise_func(spec.prim_func())  # topi's block: 2 reductions, kernel[c, 0, r, q]
+    assert isinstance(m, DepthwiseMatch) and not m.group_reduction, m
+    assert (m.out, m.padded, m.epilogue) == ((1, 8, 10, 10), True, 0)
+    # relax: a conv2d with groups = channels, a third reduction over one channel, data[n, c + k]
+    m = match_depthwise_func(relax_tasks.conv2d(1, 32, 14, 32, 3, stride=2, pad=1,
+                                                epilogue="bn_relu6", depthwise=True))
+    assert isinstance(m, DepthwiseMatch) and m.group_reduction, m
+    assert (m.out, m.padded, m.epilogue) == ((1, 32, 7, 7), True, 5)
+
+
+@pytest.mark.parametrize(("func", "why"), [
+    (lambda: relax_tasks.conv2d(1, 8, 8, 16, 3), "more than one input channel"),  # dense
+    (lambda: _grouped(), "more than one input channel"),  # 4 groups of 4 channels
+])
+def test_what_the_depthwise_matcher_does_not_serve_says_why(func: Any, why: str) -> None:
+    got = match_depthwise_func(func())
+    assert isinstance(got, NoMatch) and why in got.reason, got
+
+
+def _grouped() -> Any:
+    from tvm import relax
+
+    (func,) = relax_tasks.tasks({"x": (1, 16, 8, 8)}, {"w": (16, 4, 3, 3)}, lambda bb, x, w:
+                                relax.op.nn.conv2d(x, w, groups=4)).values()
+    return func
+
+
+@pytest.mark.parametrize(("c", "hw", "k", "stride", "pad", "epilogue"), [
+    (32, 14, 3, 2, 1, "bn_relu6"),  # MobileNet's: batch norm, relu6 (a clip)
+    (16, 9, 3, 1, 1, "none"),
+    (16, 12, 5, 1, 2, "bias_relu"),
+    (8, 10, 3, 1, 0, "bias"),       # no padding: relax's data block is a plain copy
+])
+def test_the_depthwise_template_serves_fused_relax_tasks(c: int, hw: int, k: int, stride: int,
+                                                         pad: int, epilogue: str) -> None:
+    wl = tir(relax_tasks.conv2d(1, c, hw, c, k, stride=stride, pad=pad, epilogue=epilogue,
+                                depthwise=True))
+    assert registry.resolve("default", wl, X86) == "depthwise-nchw-x86"
+    points = sample_points(registry.space_generator("depthwise-nchw-x86", wl, X86), wl, X86, n=2)
+    assert len(points) == 2 * (3 if pad else 1)  # 3 placements of the padded input
+    for sch in points:
+        text = sch.mod.script()
+        assert 'T.sblock("T_' not in text and 'T.sblock("compute")' not in text, text
+        check_outputs(sch, wl, X86)

@@ -243,3 +243,14 @@ def test_the_search_over_gemm_shapes_off_the_grid_and_fused(db: Store, spec: Any
     assert got.trials_done == got.measured_now == 8, got.stop_reason
     rows = db.records(job_id=got.job_id)
     assert len(rows) == 8 and all(r.features and r.space == "gemm-x86" for r in rows)
+
+
+def test_the_search_over_a_fused_relax_conv_task(db: Store) -> None:
+    from bench.fused import conv2d
+
+    spec = {"op": "tir", "tvmscript": conv2d(1, 8, 10, 16, 3, pad=1,
+                                             epilogue="bn_res_relu").script()}
+    got = Tuner(db, ReplayMeasurer(fallback=Synthetic())).run(_req(spec, X86, "default", 8))
+    assert got.trials_done == got.measured_now == 8, got.stop_reason
+    rows = db.records(job_id=got.job_id)
+    assert len(rows) == 8 and all(r.features and r.space == "conv2d-nchwc-x86" for r in rows)

@@ -84,6 +84,24 @@ def test_plain_tir_with_two_outputs() -> None:
     assert parse_spec(tir(TWO_OUT % "16", num_outputs=1)).tolerance() == (0.0, 0.0)
 
 
+def test_inputs_read_as_a_divisor_are_drawn_away_from_zero() -> None:
+    import dataclasses
+
+    from bench.fused import conv2d
+
+    # relax's batch norm: subtract, DIVIDE, multiply, add of per-channel constants
+    w = parse_spec(tir(conv2d(1, 8, 6, 32, 3, pad=1, epilogue="bn").script()))
+    assert [w.arg_specs()[i][0] for i in w._divisors] == ["param_2"]
+    x, kernel, mean, std, gamma, beta = w.make_inputs(seed=0)
+    assert np.abs(std).min() >= 0.5 and np.abs(std).max() <= 1 and (std < 0).any()
+    # the same draw moved away from 0: the other inputs are what they always were
+    plain = dataclasses.replace(w, _divisors=()).make_inputs(seed=0)
+    for got, was in zip((x, kernel, mean, gamma, beta), plain[:3] + plain[4:], strict=True):
+        assert np.array_equal(got, was)
+    assert np.array_equal(np.sign(std), np.sign(plain[3])) and np.abs(plain[3]).min() < 0.5
+    assert parse_spec(tir(MM))._divisors == ()
+
+
 def test_printed_topi_function_round_trips() -> None:
     conv = parse_spec({"op": "conv2d", "shape": [1, 4, 9, 9, 6, 3, 3], "padding": 1, "stride": 2})
     again = parse_spec(tir(conv.prim_func().script()))

@@ -35,7 +35,7 @@ def parse_spec(spec: dict[str, Any]) -> Workload:
         t = parse_tir(spec)
         w = Workload(key=t.key, op="tir", spec=t.spec, flops=t.flops, description=t.description,
                      num_outputs=t.spec["num_outputs"], _arg_specs=tuple(t.args),
-                     _tolerance=t.tolerance)
+                     _tolerance=t.tolerance, _divisors=t.divisors)
         w._cache["func"] = t.func
         return w
     opdef = OPS[op]

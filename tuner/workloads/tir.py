@@ -19,8 +19,11 @@ through a variable bound to one), and pass TVM's static out-of-bounds checker
 flops: TVM's estimator `tvm.s_tir.analysis.estimate_tir_flops` (counts arithmetic ops per
 loop iteration; a plain copy counts 0). If the estimator fails, the loop iteration count is used.
 Reference: the UNSCHEDULED function built for {"kind": "llvm"} and run here (outputs start as
-zeros). Tolerance: exact for integer/bool outputs; for floats `float_tolerance` with the
-reduction length estimated as flops / (2 * output elements).
+zeros), on `Workload.make_inputs`, which draws the float inputs a division reads as its divisor
+from ±[0.5, 1] instead of [-1, 1] (relax's batch norm divides by a per-channel constant; one
+near 0 would amplify a reordered sum's rounding past any tolerance). Tolerance: exact for
+integer/bool outputs; for floats `float_tolerance` with the reduction length estimated as flops /
+(2 * output elements).
 """
 
 from __future__ import annotations
@@ -53,6 +56,7 @@ class ParsedTir:
     flops: int
     description: str
     tolerance: tuple[float, float]
+    divisors: tuple[int, ...]  # float inputs read as a divisor: `Workload.make_inputs`
 
 
 def _const(expr: Any, what: str) -> int:
@@ -241,7 +245,23 @@ def parse_tir(spec: dict[str, Any]) -> ParsedTir:
     canon = {"op": "tir", "tvmscript": spec["tvmscript"], "num_outputs": nout}
     key = f"tir-{identity_hash(mod)}"
     return ParsedTir(canon, func, key, args, flops, _description(spec["tvmscript"], args, nout),
-                     _tolerance(args[-nout:], flops))
+                     _tolerance(args[-nout:], flops), _divisors(func, args[:len(args) - nout]))
+
+
+def _divisors(func: Any, inputs: list[ArgSpec]) -> tuple[int, ...]:
+    """The float inputs that some division reads in its divisor (relax's batch norm divides by
+    a per-channel constant): drawn away from zero by `Workload.make_inputs`, since a divisor
+    near 0 turns the kernel's own rounding (a reordered sum) into a wrong answer."""
+    from ..tvm_api import tvm, tvm_ffi
+
+    divs: list[Any] = []
+    tvm_ffi.structural_walk(func.body, [((tvm.tirx.Div,), divs.append)])
+    loads: list[Any] = []
+    for d in divs:
+        tvm_ffi.structural_walk(d.b, [((tvm.ir.TensorLoad,), loads.append)])
+    params = list(func.params)[:len(inputs)]  # buffer parameters (TVM 0.27: no buffer_map)
+    return tuple(i for i, (p, (_, _, dt)) in enumerate(zip(params, inputs, strict=True))
+                 if dt.startswith("float") and any(ld.source.same_as(p) for ld in loads))
 
 
 def _description(text: str, args: list[ArgSpec], nout: int) -> str:

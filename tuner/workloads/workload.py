@@ -30,6 +30,7 @@ class Workload:
     num_outputs: int
     _arg_specs: tuple[ArgSpec, ...] = field(default=(), compare=False, repr=False)
     _tolerance: tuple[float, float] = field(default=(0.0, 0.0), compare=False, repr=False)
+    _divisors: tuple[int, ...] = field(default=(), compare=False, repr=False)
     _cache: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     def __hash__(self) -> int:
@@ -81,13 +82,15 @@ class Workload:
         return list(self._arg_specs)
 
     def make_inputs(self, seed: int = 0) -> list[np.ndarray]:
-        """Deterministic inputs: floats uniform in [-1, 1], uint* in [0, 256), int* in
-        [-128, 128), bool in {False, True}."""
+        """Deterministic inputs: floats uniform in [-1, 1] (a `tir` input read as a divisor:
+        in ±[0.5, 1], the same draw moved away from 0), uint* in [0, 256), int* in [-128, 128),
+        bool in {False, True}."""
         rng = np.random.default_rng(seed)
         out = []
-        for _, shape, dt in self._arg_specs[: self.num_inputs]:
+        for i, (_, shape, dt) in enumerate(self._arg_specs[: self.num_inputs]):
             if dt.startswith("float"):
-                a = rng.uniform(-1.0, 1.0, size=shape).astype(dt)
+                u = rng.uniform(-1.0, 1.0, size=shape)
+                a = (np.copysign(0.5 + 0.5 * np.abs(u), u) if i in self._divisors else u).astype(dt)
             elif dt == "bool":
                 a = rng.integers(0, 2, size=shape).astype(bool)
             elif dt.startswith("uint"):
