@@ -193,47 +193,39 @@ def _around(func: Any, blocks: list[Any], at: int, data: Any
     return pad, padded, len(rest)
 
 
-def _reduction_block(blocks: list[Any]) -> int | NoMatch:
+def _convolution(func: Any, read: Any) -> tuple[Any, Any, tuple[str | None, bool, int]] | NoMatch:
+    """(the convolution block, what `read` (`_conv_block` or `_depthwise_block`) finds in it,
+    `_around` of it), or why `func` is not such a convolution."""
+    blocks = child_blocks(func)
     at = next((n for n, b in enumerate(blocks) if b.init is not None), None)
-    return NoMatch("the function has no reduction block") if at is None else at
+    if at is None:
+        return NoMatch("the function has no reduction block")
+    got = read(blocks[at])
+    if isinstance(got, str):
+        return NoMatch(got)
+    around = _around(func, blocks, at, got[1])
+    return around if isinstance(around, NoMatch) else (blocks[at], got, around)
 
 
 def match_conv_func(func: Any) -> ConvMatch | NoMatch:
-    blocks = child_blocks(func)
-    at = _reduction_block(blocks)
-    if isinstance(at, NoMatch):
-        return at
-    got = _conv_block(blocks[at])
-    if isinstance(got, str):
-        return NoMatch(got)
-    layout, data = got
-    around = _around(func, blocks, at, data)
-    if isinstance(around, NoMatch):
-        return around
-    conv = blocks[at]
+    m = _convolution(func, _conv_block)
+    if isinstance(m, NoMatch):
+        return m
+    conv, (layout, _), (pad, padded, epilogue) = m
     ext = [int(iv.dom.extent) for iv in conv.iter_vars]
     out = (ext[0], ext[1], ext[2], ext[3]) if layout == "NCHW" else \
         (ext[0], ext[3], ext[1], ext[2])
     c = ext[4] if layout == "NCHW" else ext[6]
-    return ConvMatch(conv.name_hint, around[0], around[1], layout, out, c, around[2])
+    return ConvMatch(conv.name_hint, pad, padded, layout, out, c, epilogue)
 
 
 def match_depthwise_func(func: Any) -> DepthwiseMatch | NoMatch:
-    blocks = child_blocks(func)
-    at = _reduction_block(blocks)
-    if isinstance(at, NoMatch):
-        return at
-    got = _depthwise_block(blocks[at])
-    if isinstance(got, str):
-        return NoMatch(got)
-    group, data = got
-    around = _around(func, blocks, at, data)
-    if isinstance(around, NoMatch):
-        return around
-    conv = blocks[at]
-    ext = [int(iv.dom.extent) for iv in conv.iter_vars]
-    return DepthwiseMatch(conv.name_hint, around[0], around[1], (ext[0], ext[1], ext[2], ext[3]),
-                          group, around[2])
+    m = _convolution(func, _depthwise_block)
+    if isinstance(m, NoMatch):
+        return m
+    conv, (group, _), (pad, padded, epilogue) = m
+    n, c, oh, ow = (int(iv.dom.extent) for iv in conv.iter_vars[:4])
+    return DepthwiseMatch(conv.name_hint, pad, padded, (n, c, oh, ow), group, epilogue)
 
 
 def match_conv(workload: Workload) -> ConvMatch | NoMatch:

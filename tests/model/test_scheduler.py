@@ -22,6 +22,18 @@ def test_a_task_without_a_valid_program_comes_before_gradients() -> None:
     assert s.pick() == 1 and s.estimate_s() is None
 
 
+def test_a_task_that_never_gets_a_valid_program_is_given_up() -> None:
+    # every candidate a wrong answer (say): after 3 rounds it stops taking the budget
+    s = GradientScheduler([1, 1], warm=[(16, 1e-3), (16, None)])
+    for trials in (32, 48):
+        assert s.pick() == 1
+        s.update(1, trials, None, exhausted=False)
+    assert s.hopeless(1) and not s.hopeless(0)
+    assert s.pick() == 0 and s.estimate_s() is None
+    s.update(0, 32, 1e-3, exhausted=True)
+    assert s.pick() is None  # nothing left that can gain: the model job ends
+
+
 def test_the_round_goes_where_weight_times_expected_gain_is_largest() -> None:
     s = GradientScheduler([1, 1, 10])
     for i, best in ((0, 4e-3), (1, 4e-3), (2, 1e-3)):

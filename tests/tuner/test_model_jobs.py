@@ -178,3 +178,22 @@ def test_cancel_returns_the_round_in_flight(store: Store, owner: str) -> None:
     row, active = mj.cancel_model(store, model.id)
     assert row.state is JobState.CANCELLED and active == [a]
     assert mj.advance(store, model.id, gradient_plan) == mj.Advanced(None, False)
+
+
+def test_a_task_without_a_valid_program_is_given_up_after_three_rounds(store: Store) -> None:
+    # every candidate of task0 is a wrong answer (ResNet's 512-channel task was, before its
+    # divisor was drawn away from 0): it must not take the whole budget
+    model = _model(store, trials=40)
+    rounds = []
+    while (step := mj.advance(store, model.id, gradient_plan)).job_id is not None:
+        job = store.get_job(step.job_id)
+        assert job is not None
+        first = job.workload_id == mj.get_model(store, model.id).tasks[0].workload_id
+        rounds.append(0 if first else 1)
+        if first:
+            _measure(store, step.job_id, 4, 1.0, invalidity=Invalidity.WRONG_ANSWER)
+        else:
+            _measure(store, step.job_id, 4, 1e-3 / len(rounds))  # keeps improving
+    assert rounds.count(0) == 3 and rounds.count(1) == 7, rounds  # 40 trials: 10 rounds of 4
+    row = mj.get_model(store, model.id)
+    assert row.state is JobState.SUCCEEDED and row.message == BUDGET_SPENT and row.spent == 40

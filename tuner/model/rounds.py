@@ -28,8 +28,11 @@ def gradient_plan(state: RoundState) -> Decision:
     i = sched.pick()
     if i is None:
         failed = all(t.job_state is JobState.FAILED for t in state.tasks)
+        hopeless = [t.name for j, t in enumerate(state.tasks) if sched.hopeless(j)]
+        message = "every task job failed" if failed else EXHAUSTED + (
+            f"; given up without a valid program: {', '.join(hopeless)}" if hopeless else "")
         return Decision(estimate, finish=JobState.FAILED if failed else JobState.SUCCEEDED,
-                        message="every task job failed" if failed else EXHAUSTED)
+                        message=message)
     step = min(state.round_trials, state.trials - state.spent)
     return Decision(estimate, start=i, step=step,
                     message=f"{state.tasks[i].name}: a round of {step} trials")

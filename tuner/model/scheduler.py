@@ -9,7 +9,9 @@ largest, the expectation mixing
   improved early may improve again).
 Every task gets a first round before any gradient is trusted (a task already tuned on this
 target counts as having had it). A task whose round measured nothing new (its space is
-exhausted, or it stopped early) gets no more rounds.
+exhausted, or it stopped early) gets no more rounds, nor does one still without a valid program
+after `give_up_rounds` rounds (every candidate failing to build, run or match the reference is
+the task's problem, not the search's: the build keeps its default schedule and says so).
 """
 
 from __future__ import annotations
@@ -31,10 +33,11 @@ class GradientScheduler:
     """Picks the task for the next round (`pick`) and learns each round's outcome (`update`)."""
 
     def __init__(self, weights: list[int], *, window: int = 3, alpha: float = 0.2,
+                 give_up_rounds: int = 3,
                  warm: list[tuple[int, float | None]] | None = None) -> None:
         """`warm`: (trials, best) each task already has on this target (0, None: none)."""
         self.tasks = [TaskState(w) for w in weights]
-        self.window, self.alpha = window, alpha
+        self.window, self.alpha, self.give_up_rounds = window, alpha, give_up_rounds
         for task, (trials, best) in zip(self.tasks, warm or [], strict=False):
             task.trials, task.best_s = trials, best
             task.history.append((trials, best))
@@ -62,7 +65,7 @@ class GradientScheduler:
 
     def pick(self) -> int | None:
         """The task of the next round, or None when no task can gain anything."""
-        live = [i for i, t in enumerate(self.tasks) if not t.done]
+        live = [i for i, t in enumerate(self.tasks) if not t.done and not self.hopeless(i)]
         if not live:
             return None
         fresh = [i for i in live if self.tasks[i].trials == 0]
@@ -72,6 +75,11 @@ class GradientScheduler:
         if unmeasured:  # no valid program yet: its latency is unknown, maybe the largest
             return min(unmeasured, key=lambda i: self.tasks[i].trials)
         return max(live, key=self._gain)
+
+    def hopeless(self, i: int) -> bool:
+        """Task `i` had `give_up_rounds` rounds and not one valid program."""
+        t = self.tasks[i]
+        return t.best_s is None and sum(1 for n, _ in t.history if n > 0) >= self.give_up_rounds
 
     def _gain(self, i: int) -> float:
         """weight × expected latency drop per trial (larger: more to gain)."""
