@@ -12,7 +12,8 @@ does not match, the reason (`NoMatch`), which `tunefarm spaces --tvmscript` prin
 - then any number of elementwise epilogue blocks (bias, residual add, relu, gelu in erf or tanh
   form, scaling, casts): spatial iterators over C's shape, one store at exactly its iterators, and
   loads either of an earlier block's result at exactly its iterators or of a parameter at a
-  subset of its iterators (a broadcast bias); every result but the last is a scratch buffer.
+  subset of its iterators (a broadcast bias), or at 0 on a dimension of extent 1 (relax's
+  [1, C, 1, 1] constants); every result but the last is a scratch buffer.
 
 The template folds the epilogue into one block (`compute_inline`) and then into the GEMM's
 register write-back (`reverse_compute_inline`): no separate pass over memory.
@@ -143,7 +144,7 @@ def _gemm_block(b: Any) -> tuple[int, int, int, int, int, int, str] | str:
 
 
 def epilogue_problem(blocks: list[Any], c_shape: list[int], written: list[Any],
-              outputs: list[Any], what: str = "GEMM") -> str | None:
+                     outputs: list[Any], what: str = "GEMM") -> str | None:
     """Why the blocks after the `what` block are not an elementwise epilogue, or None."""
     for n, b in enumerate(blocks):
         if any(int(iv.iter_type) != DATA_PAR for iv in b.iter_vars) or b.init is not None:
