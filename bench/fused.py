@@ -96,7 +96,7 @@ def conv2d(n: int, c: int, hw: int, o: int, k: int, *, stride: int = 1, pad: int
     multiply, add of per-channel constants), "res" (a second input of the output's shape added),
     "relu", "relu6" (a clip to [0, 6]); "none" for none. Returns the one fused task relax
     makes."""
-    steps = [] if epilogue == "none" else epilogue.split("_")
+    steps = _steps(epilogue)
     oh = (hw + 2 * pad - k) // stride + 1
     nchw = layout == "NCHW"
     groups = c if depthwise else 1
@@ -130,6 +130,11 @@ def conv2d(n: int, c: int, hw: int, o: int, k: int, *, stride: int = 1, pad: int
 
 
 BN_STEPS = (("mean", "subtract"), ("std", "divide"), ("gamma", "multiply"), ("beta", "add"))
+
+
+def _steps(epilogue: str) -> list[str]:
+    """A conv2d epilogue's steps: "bn_res_relu" -> ["bn", "res", "relu"]; "none" -> []."""
+    return [] if epilogue == "none" else epilogue.split("_")
 
 
 def _conv_consts(steps: list[str]) -> list[str]:
@@ -223,7 +228,7 @@ def torch_fn(model: dict[str, Any], inputs: list[np.ndarray], torch: Any) -> tup
 def _torch_conv(model: dict[str, Any], t: list[Any], F: Any) -> tuple[Any, str]:
     """F.conv2d, then the epilogue as PyTorch runs it: the bias in the convolution, batch norm
     as one `F.batch_norm` (inference: running variance std², its gamma carrying std's sign)."""
-    steps = [] if model["epilogue"] == "none" else model["epilogue"].split("_")
+    steps = _steps(model["epilogue"])
     x, w, *rest = t
     names = _conv_consts(steps)
     p = {n: v.flatten() for n, v in zip(names, rest, strict=False)}
