@@ -129,6 +129,28 @@ def conv2d(n: int, c: int, hw: int, o: int, k: int, *, stride: int = 1, pad: int
     return func
 
 
+def activation(shape: tuple[int, ...], act: str) -> Any:
+    """`act` ("gelu", "gelu_tanh", "silu", "tanh") of x as BERT's export leaves it between two
+    GEMMs: reshaped to [1, *shape], the activation, reshaped back (the one task relax makes)."""
+    def body(bb: Any, x: Any) -> Any:
+        y = bb.emit(op("reshape")(x, (1, *shape)))
+        y = bb.emit(op("tanh" if act == "tanh" else f"nn.{act}")(y))
+        return op("reshape")(y, shape)
+
+    (func,) = tasks({"x": shape}, {}, body).values()
+    return func
+
+
+def softmax(shape: tuple[int, ...]) -> Any:
+    """Softmax over the last axis of x, then broadcast to its own shape (a copy: the task BERT's
+    attention makes)."""
+    def body(bb: Any, x: Any) -> Any:
+        return op("broadcast_to")(bb.emit(op("nn.softmax")(x, axis=-1)), shape)
+
+    (func,) = tasks({"x": shape}, {}, body).values()
+    return func
+
+
 BN_STEPS = (("mean", "subtract"), ("std", "divide"), ("gamma", "multiply"), ("beta", "add"))
 
 
@@ -185,6 +207,12 @@ FUSED: list[dict[str, Any]] = [
     # + relu6
     _conv("F15", 144, 56, 144, 3, pad=1, epilogue="bn_relu6", depthwise=True),
     _conv("F16", 384, 14, 384, 3, pad=1, epilogue="bn_relu6", depthwise=True),
+    # BERT-base's memory-bound tasks: the GELU its export leaves between two reshapes (not fused
+    # into the GEMM before it), the attention's softmax over [batch, heads, rows, cols]
+    {"id": "F17", "title": "GELU 128×3072 between reshapes", "peak": "fp32",
+     "model": {"kind": "activation", "shape": [128, 3072], "act": "gelu"}},
+    {"id": "F18", "title": "softmax 1×12×128×128 + copy", "peak": "fp32",
+     "model": {"kind": "softmax", "shape": [1, 12, 128, 128]}},
 ]
 
 
@@ -197,6 +225,10 @@ def spec_of(model: dict[str, Any]) -> dict[str, Any]:
         func = conv2d(model["n"], model["c"], model["hw"], model["o"], model["k"],
                       stride=model["stride"], pad=model["pad"], epilogue=model["epilogue"],
                       depthwise=bool(model.get("depthwise")))
+    elif model["kind"] == "activation":
+        func = activation(tuple(model["shape"]), model["act"])
+    elif model["kind"] == "softmax":
+        func = softmax(tuple(model["shape"]))
     else:
         func = matmul(tuple(model["a"]), tuple(model["b"]))
     return {"op": "tir", "tvmscript": func.script()}
@@ -213,6 +245,15 @@ def torch_fn(model: dict[str, Any], inputs: list[np.ndarray], torch: Any) -> tup
         return (lambda: torch.matmul(a, b)), "torch.matmul(a, b)"
     if model["kind"] == "conv2d":
         return _torch_conv(model, t, F)
+    if model["kind"] == "activation":
+        (x,) = t
+        fns = {"gelu": F.gelu, "silu": F.silu, "tanh": torch.tanh,
+               "gelu_tanh": lambda y: F.gelu(y, approximate="tanh")}
+        f = fns[model["act"]]
+        return (lambda: f(x)), f"{model['act']}(x)"
+    if model["kind"] == "softmax":
+        (x,) = t
+        return (lambda: torch.softmax(x, -1)), "torch.softmax(x, -1)"
     x, w_kn, b, *res = t
     w = w_kn.t().contiguous()
     act = model.get("act")

@@ -13,14 +13,15 @@ All five are timed interleaved (`bench.timing`), every output checked against Py
 `--fast-math` partitions with GELU's erf/tanh approximated (`tuner.model.fastmath`; every
 TVM variant then uses it). `--scale small` shrinks each model (hidden sizes, sequence,
 channels) to make a run take minutes instead of hours; RESULTS.md says which scale a figure is
-from.
+from. The databases stay in `--out` (`work-MODEL-SCALE/`): `--reuse-tuning` builds every
+variant from them again and times it without tuning again.
 """
 
 from __future__ import annotations
 
 import json
 import math
-import tempfile
+import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -186,7 +187,9 @@ def _calibrate_batch_norm(net: Any, inputs: tuple[Any, ...], torch: Any) -> None
 
 
 def _tune_tunefarm(mod: Any, tasks: list[Any], target: dict[str, Any], trials: int,
-                   work: Path, log: Any, fast_math: bool) -> tuple[Any, dict[str, Any]]:
+                   work: Path, log: Any, fast_math: bool,
+                   earlier: dict[str, Any] | None = None) -> tuple[Any, dict[str, Any]]:
+    """Tune (unless `earlier`: the info of the run whose database is in `work`) and build."""
     from tuner.db import Store
     from tuner.db.ms_database import TunefarmDatabase
     from tuner.measure import MeasureOptions
@@ -200,15 +203,17 @@ def _tune_tunefarm(mod: Any, tasks: list[Any], target: dict[str, Any], trials: i
         est = f"{p.estimate_s * 1e3:.3f} ms" if p.estimate_s else "-"
         log(f"    tunefarm [{p.trials}/{p.total}] estimate {est}  {p.message}")
 
-    t0 = time.monotonic()
-    with LocalMeasurer() as measurer:
-        summary = ModelTuner(store, measurer, on_progress=progress).run(ModelRequest(
-            tasks=tasks, target=target, trials=trials * len(tasks),
-            options=MeasureOptions.from_settings(_settings(), target)))
-    wall = time.monotonic() - t0
+    info: dict[str, Any] = {}
+    if earlier is None:
+        t0 = time.monotonic()
+        with LocalMeasurer() as measurer:
+            summary = ModelTuner(store, measurer, on_progress=progress).run(ModelRequest(
+                tasks=tasks, target=target, trials=trials * len(tasks),
+                options=MeasureOptions.from_settings(_settings(), target)))
+        info = {"tuning_s": time.monotonic() - t0, "trials": summary.trials,
+                "estimate_s": summary.estimate_s}
     built = build(mod, target, TunefarmDatabase(store, ranking="median"), fast_math=fast_math)
-    return built.executable, {"tuning_s": wall, "trials": summary.trials,
-                              "untuned": built.untuned, "estimate_s": summary.estimate_s}
+    return built.executable, {**(earlier or info), "untuned": built.untuned}
 
 
 def _settings() -> Any:
@@ -217,18 +222,21 @@ def _settings() -> Any:
     return get_settings()
 
 
-def _tune_metaschedule(part: Any, n_tasks: int, target: Any, trials: int,
-                       work: Path) -> tuple[Any, dict[str, Any]]:
+def _tune_metaschedule(part: Any, n_tasks: int, target: Any, trials: int, work: Path,
+                       earlier: dict[str, Any] | None = None) -> tuple[Any, dict[str, Any]]:
     from tuner.tvm_api import ms, relax, tvm
 
-    t0 = time.monotonic()
-    db = ms.relax_integration.tune_relax(
-        mod=part, params={}, target=target, work_dir=str(work / "ms"),
-        max_trials_global=trials * n_tasks, max_trials_per_task=trials)
-    wall = time.monotonic() - t0
+    if earlier is None:
+        t0 = time.monotonic()
+        db = ms.relax_integration.tune_relax(
+            mod=part, params={}, target=target, work_dir=str(work / "ms"),
+            max_trials_global=trials * n_tasks, max_trials_per_task=trials)
+        earlier = {"tuning_s": time.monotonic() - t0, "trials": len(db)}
+    else:
+        db = ms.database.JSONDatabase(work_dir=str(work / "ms"), allow_missing=False)
     with target, db:
         applied = relax.transform.MetaScheduleApplyDatabase()(part)
-    return tvm.compile(applied, target=target), {"tuning_s": wall, "trials": len(db)}
+    return tvm.compile(applied, target=target), earlier
 
 
 def run_models(args: Any) -> int:
@@ -247,6 +255,15 @@ def run_models(args: Any) -> int:
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     results: dict[str, Any] = {}
+    saved = out_dir / "models.json"
+    previous = json.loads(saved.read_text()) if args.reuse_tuning and saved.exists() else {}
+    if args.reuse_tuning:
+        missing = [n for n in names if n not in previous
+                   or not (out_dir / f"work-{n}-{args.scale}").is_dir()]
+        if missing:
+            raise SystemExit(f"--reuse-tuning: no earlier run of {', '.join(missing)} "
+                             f"in {out_dir}")
+        results = {n: r for n, r in previous.items() if n not in names}
     for name in names:
         net = _models(torch)[name](**scale[name])
         inputs = net.inputs()
@@ -259,12 +276,20 @@ def run_models(args: Any) -> int:
         tasks = extract(part, tgt)
         print(f"== {name} ({args.scale}): {len(tasks)} tasks, "
               f"{sum(t.weight for t in tasks)} calls", flush=True)
-        work = Path(tempfile.mkdtemp(prefix=f"bench-{name}-"))
+        # the databases stay in --out: `--reuse-tuning` builds from them and times again
+        work = out_dir / f"work-{name}-{args.scale}"
+        earlier = previous.get(name) if args.reuse_tuning else None
+        if earlier is None:
+            shutil.rmtree(work, ignore_errors=True)
+            work.mkdir(parents=True)
         tf_exe, tf_info = _tune_tunefarm(mod, tasks, target, args.trials, work,
-                                         lambda m: print(m, flush=True), args.fast_math)
+                                         lambda m: print(m, flush=True), args.fast_math,
+                                         earlier and earlier["tunefarm"])
         print(f"    tunefarm tuned in {tf_info['tuning_s']:.0f} s", flush=True)
-        ms_exe, ms_info = (None, {}) if args.skip_ms else _tune_metaschedule(
-            part, len(tasks), tgt, args.trials, work)
+        ms_prev = earlier["metaschedule"] if earlier else None
+        skip_ms = args.skip_ms or ms_prev == {}  # reused: only if the earlier run tuned it
+        ms_exe, ms_info = (None, {}) if skip_ms else _tune_metaschedule(
+            part, len(tasks), tgt, args.trials, work, ms_prev)
         if ms_exe is not None:
             print(f"    MetaSchedule tuned in {ms_info['tuning_s']:.0f} s", flush=True)
         exes = {"tunefarm": tf_exe, "metaschedule": ms_exe,

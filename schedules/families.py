@@ -8,6 +8,7 @@ workload is the first template here that applies to it. A template module import
 
 from __future__ import annotations
 
+from schedules.activation import ActivationX86
 from schedules.arm import DenseInt8SdotAarch64, DenseNeonAarch64
 from schedules.base import Template
 from schedules.conv import Conv2dNCHWcX86, Conv2dNHWCX86, DepthwiseNCHWX86
@@ -23,6 +24,7 @@ FAMILIES: tuple[type[Template], ...] = (
     DepthwiseNCHWX86,
     DenseInt8VNNI,
     SoftmaxX86,
+    ActivationX86,
     DenseNeonAarch64,
     DenseInt8SdotAarch64,
     DenseWmmaCuda,

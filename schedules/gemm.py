@@ -15,7 +15,7 @@ The classic register-blocked micro-kernel:
   whole reduction): mr rows broadcast from A/X, nv zmm vectors of the weight per k step;
 - the epilogue blocks are folded into one and inlined into the accumulator's write-back: bias,
   residual and activation are applied to the register tile on its way to memory; an erf or tanh
-  (GELU) is instead its own pass over the tile (over the output when M is padded), tensorized
+  (GELU) or a sigmoid (SiLU) is instead its own pass over the tile (over the output when M is padded), tensorized
   with a polynomial (TVM calls a scalar libm function per lane), between the folded blocks
   before and after it;
 - any shape: N off the 16-lane grid is padded with zero weight columns in the packing, and the
@@ -37,6 +37,7 @@ from schedules.base import Template, finish_register_tile, fold_epilogue, is_x86
 from schedules.intrinsics import ACTIVATION_F32, use
 from schedules.knobs import Categorical, DesignSpace, PerfectTile, divides, knob_table
 from schedules.match import GemmMatch, match_gemm
+from schedules.match_rows import activation_of
 from tuner.workloads import Workload
 
 LANES = 16  # fp32 lanes of a zmm register
@@ -47,9 +48,10 @@ LANES = 16  # fp32 lanes of a zmm register
 MIN_ROWS_PADDED_N = 256
 # activations in an epilogue computed by a polynomial intrinsic (schedules/intrinsics.py) rather
 # than one libm call per lane: relax's GELU 128×768→3072 went from 5.9 to 2.7 ms, its tanh form
-# 64×256→1024 from 351 to 150 µs (Zen 4, 64 trials). Not sigmoid (SiLU 100×300→512: 201 µs
-# with libm's expf, 204 with the intrinsic, and tuning took 47 s instead of 25)
-EPILOGUE_ACTIVATIONS = ("erf", "tanh")
+# 64×256→1024 from 351 to 150 µs (Zen 4, 64 trials). Sigmoid (SiLU) measured no faster on a Zen 4
+# (100×300→512: 201 µs with libm's expf, 204 with the intrinsic), where the FMAs bound it; on a
+# Zen 5, with twice the FMA throughput, the expf calls did: 115 → 72.5 µs (bench/RESULTS.md Run V)
+EPILOGUE_ACTIVATIONS = ("erf", "tanh", "sigmoid")
 
 
 class GemmX86(Template):
@@ -189,15 +191,7 @@ def _padding(g: GemmMatch) -> tuple[int, int]:
 
 def _activation_fn(sch: Any, block: Any) -> str | None:
     """`fn` when the block is `Y[idx] = fn(X[idx])` for an activation with an intrinsic."""
-    store = sch.get(block).body
-    call: Any = getattr(store, "value", None)
-    fn = str(getattr(getattr(call, "op", None), "name", "")).rsplit(".", 1)[-1]
-    if fn not in EPILOGUE_ACTIVATIONS or len(call.args) != 1 or store.buffer.dtype != "float32":
-        return None
-    load = call.args[0]
-    same = (hasattr(load, "indices") and len(load.indices) == len(store.indices)
-            and all(a.same_as(b) for a, b in zip(load.indices, store.indices, strict=True)))
-    return fn if same else None
+    return activation_of(sch.get(block), EPILOGUE_ACTIVATIONS)
 
 
 def _activation_at(sch: Any, blocks: list[Any]) -> int | None:

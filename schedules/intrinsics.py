@@ -196,8 +196,9 @@ for _lanes in (4, 8, 16):
 # --- activations: Y[l] = f(X[l]) for f in erf, tanh, sigmoid, over 16 fp32 lanes ------------------
 #
 # The bodies of the blocks relax legalizes GELU (erf or tanh form) and SiLU into; a GEMM epilogue
-# tensorizes the erf and tanh blocks (schedules/gemm.py: EPILOGUE_ACTIVATIONS, where sigmoid
-# measured no faster) instead of making one libm call per lane. All three are built on `_vexp`:
+# tensorizes these blocks (schedules/gemm.py: EPILOGUE_ACTIVATIONS), and so does a standalone
+# activation (schedules/activation.py), instead of making one libm call per lane. All three are
+# built on `_vexp`:
 # - erf: 1 - t (a1 + t (a2 + ...)) e^(-x^2), t = 1 / (1 + p |x|), sign of x (the rational form of
 #   Abramowitz & Stegun 7.1.26: absolute error 1.5e-7);
 # - tanh: (1 - e) / (1 + e) with e = e^(-2|x|), sign of x;

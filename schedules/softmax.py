@@ -1,4 +1,7 @@
-"""Softmax over the last axis on x86: `softmax-x86` (float32).
+"""Softmax over the last axis on x86: `softmax-x86` (float32), for any PrimFunc whose blocks
+`schedules/match_rows.py` reads as topi's softmax: the op spec, and relax's form over [batch,
+heads, rows, cols] (int64, the dimensions before the last row dimension run in parallel with the
+row tiles) with plain copies after it, folded into the normalisation.
 
 topi.nn.softmax is four blocks: maxelem (row max), exp (exp(x - max)), expsum (row sum), norm
 (exp / sum). The template fuses them per row block inside one parallel loop:
@@ -26,9 +29,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from schedules.base import Template, vector_lanes
+from schedules.base import Template, is_x86, vector_lanes
 from schedules.intrinsics import DIV_BCAST_F32, EXP_SUB_F32, use
 from schedules.knobs import Categorical, DesignSpace, Fixed, PerfectTile, knob_table
+from schedules.match_rows import SoftmaxMatch, match_softmax
 from tuner.tvm_api import ms
 from tuner.workloads import Workload
 
@@ -37,49 +41,47 @@ UNROLL = (0, 16, 64, 512)
 NORMS = ("reciprocal", "divide")  # one design space each
 
 
-def softmax_lanes(workload: Workload, target: Any) -> int:
-    """fp32 lanes for the row loops: the target's vector width, or the largest of 8/4 that
-    divides the row length; 0 if none does."""
-    cols = workload.spec["shape"][-1]
+def softmax_lanes(cols: int, target: Any) -> int:
+    """fp32 lanes for the row loops of `cols` columns: the target's vector width, or the largest
+    of 8/4 that divides the row length; 0 if none does."""
     for lanes in (vector_lanes(target, 32), 8, 4):
         if lanes <= vector_lanes(target, 32) and cols % lanes == 0:
             return lanes
     return 0
 
 
-def _tree_rfactor(sch: Any, block: Any, lanes: int) -> list[Any]:
+def _tree_rfactor(sch: Any, block: Any, lanes: int, rows: int) -> list[Any]:
     """Reduce `block` (a reduction over its last loop, `lanes` a power of two dividing it) as
     `lanes` vector partials followed by a halving tree: with k = k0 * lanes + l and l split into
     its bits b_{n-1} .. b_0, rfactor peels one bit at a time, so `block` reduces b_0 (2 -> 1),
     block_rf reduces b_1 (4 -> 2), ..., and the last, block_rf_..._rf, reduces k0 into `lanes`
     partials. (rfactor-ing `block` itself repeatedly would give every stage the same name.)
-    Every rf buffer is [row, bits...]: the lanes of a row are contiguous. Returns the rfactor
-    blocks, consumer first."""
+    Every rf buffer is [*rows, bits...] (`rows` leading dimensions): the lanes of a row are
+    contiguous. Returns the rfactor blocks, consumer first."""
     bits = lanes.bit_length() - 1
     sch.split(sch.get_loops(block)[-1], [None] + [2] * bits)
     chain, cur = [], block
     for s in range(bits):
-        cur = sch.rfactor(sch.get_loops(cur)[-1 - s], factor_axis=1)
+        cur = sch.rfactor(sch.get_loops(cur)[-1 - s], factor_axis=rows)
         chain.append(cur)
     return chain
 
 
-def _iters_row_red_lanes(sch: Any, block: Any) -> None:
-    """Order the block iters of an rfactor block as (row, reduced..., lane bits...), so that the
-    loops compute_at creates come in that order."""
+def _iters_row_red_lanes(sch: Any, block: Any, rows: int) -> None:
+    """Order the block iters of an rfactor block as (rows..., reduced..., lane bits...), so that
+    the loops compute_at creates come in that order."""
     b = sch.get(block)
-    region = b.writes[0].region  # rf buffer [row, bits...]
-    row = region[0].min
-    lanes = [r.min for r in region[1:]]
-    order_row = [i for i, iv in enumerate(b.iter_vars) if iv.var.same_as(row)]
-    order_red = [i for i, iv in enumerate(b.iter_vars) if int(iv.iter_type) != 0]
+    region = b.writes[0].region  # rf buffer [*rows, bits...]
+    lanes = [r.min for r in region[rows:]]
     order_lane = [i for v in lanes for i, iv in enumerate(b.iter_vars) if iv.var.same_as(v)]
+    order_red = [i for i, iv in enumerate(b.iter_vars) if int(iv.iter_type) != 0]
+    order_row = [i for i in range(len(b.iter_vars)) if i not in order_lane + order_red]
     sch.reorder_block_iter_var(block, order_row + order_red + order_lane)
 
 
 class SoftmaxX86(Template):
     name = "softmax-x86"
-    ops = ("softmax",)
+    ops = ("softmax", "tir")
     description = ("fp32 softmax over the last axis, fused per row block under one parallel "
                    "loop: vector partial max/sum (rfactor) with a log-tree horizontal reduction, "
                    "fast polynomial exp (tensorized), reciprocal-multiply or divide; knobs for "
@@ -88,9 +90,10 @@ class SoftmaxX86(Template):
     population_size = 64  # a small space (512 points) with a long trace: replay costs ~20 ms
     KNOBS = knob_table(
         rows=PerfectTile(3, max_innermost=MAX_ROWS_PER_STEP, of="rows",
-                         doc="rows = r0 x r1 x r2: r0 = parallel tasks (granularity), r1 = row "
-                             "steps per task, r2 = rows computed together per step (ILP vs. "
-                             "temporaries)"),
+                         doc="rows (of the last dimension before the columns) = r0 x r1 x r2: "
+                             "r0 = parallel tasks (granularity; times the outer dimensions), "
+                             "r1 = row steps per task, r2 = rows computed together per step "
+                             "(ILP vs. temporaries)"),
         unroll=Categorical(UNROLL, doc="pragma_auto_unroll_max_step (explicit) on the parallel "
                                        "loop"),
         norm=DesignSpace(NORMS, doc="exp / sum as a vector division or as exp * (1 / sum) "
@@ -100,27 +103,45 @@ class SoftmaxX86(Template):
     )
 
     def applies(self, workload: Workload, target: Any) -> bool:
-        return (super().applies(workload, target) and workload.spec.get("dtype") == "float32"
-                and softmax_lanes(workload, target) > 0)
+        return self.why_not(workload, target) is None
+
+    def why_not(self, workload: Workload, target: Any) -> str | None:
+        m = match_softmax(workload)
+        if not isinstance(m, SoftmaxMatch):
+            return m.reason
+        if not is_x86(target):
+            return "not an x86 LLVM target"
+        if softmax_lanes(m.cols, target) == 0:
+            return f"the row length ({m.cols}) is not a multiple of 4"
+        return None
 
     def knob_extents(self, workload: Workload) -> dict[str, int]:
-        return {"rows": workload.spec["shape"][0]}
+        m = match_softmax(workload)
+        assert isinstance(m, SoftmaxMatch)
+        return {"rows": m.last_rows}
 
     def schedule(self, sch: Any, workload: Workload, target: Any, *, norm: str) -> None:
-        lanes = softmax_lanes(workload, target)
-        max_block = sch.get_sblock("T_softmax_maxelem")
-        sum_block = sch.get_sblock("T_softmax_expsum")
-        max_rfs = _tree_rfactor(sch, max_block, lanes)
-        sum_rfs = _tree_rfactor(sch, sum_block, lanes)
+        m = match_softmax(workload)
+        assert isinstance(m, SoftmaxMatch), m
+        lanes = softmax_lanes(m.cols, target)
+        rows = m.row_dims
+        max_block = sch.get_sblock(m.max_block)
+        sum_block = sch.get_sblock(m.sum_block)
+        max_rfs = _tree_rfactor(sch, max_block, lanes, rows)
+        sum_rfs = _tree_rfactor(sch, sum_block, lanes, rows)
         for block in [max_block, *max_rfs, sum_block, *sum_rfs]:
-            _iters_row_red_lanes(sch, block)
+            _iters_row_red_lanes(sch, block, rows)
 
-        norm_block = sch.get_sblock("T_softmax_norm")
-        i, j = sch.get_loops(norm_block)
+        norm_block = sch.get_sblock(m.norm_block)
+        for _ in range(m.copies):  # relax's copies to the output: the norm block writes it
+            sch.reverse_compute_inline(sch.get_consumers(norm_block)[0])
+        *leading, i, j = sch.get_loops(norm_block)
         r0, r1, _ = self.split(sch, "rows", i)
-        sch.parallel(r0)
+        # more row dimensions (relax's [batch, heads, rows, cols]): the outer ones run in
+        # parallel with r0 (splitting a fused row loop would leave bindings tensorize rejects)
+        sch.parallel(sch.fuse(*leading, r0) if leading else r0)
         # consumers first: each block moves under r1 after everything that reads it
-        for block in [sum_block, *sum_rfs, sch.get_sblock("T_softmax_exp"), max_block, *max_rfs]:
+        for block in [sum_block, *sum_rfs, sch.get_sblock(m.exp_block), max_block, *max_rfs]:
             sch.compute_at(block, r1, preserve_unit_loops=True)
 
         _, j1 = sch.split(j, [None, lanes])
@@ -128,7 +149,7 @@ class SoftmaxX86(Template):
             sch.tensorize(j1, use(DIV_BCAST_F32.format(lanes=lanes)))
         else:
             sch.vectorize(j1)
-        exp_block = sch.get_sblock("T_softmax_exp")
+        exp_block = sch.get_sblock(m.exp_block)
         _, e1 = sch.split(sch.get_loops(exp_block)[-1], [None, lanes])
         sch.tensorize(e1, use(EXP_SUB_F32.format(lanes=lanes)))
         for stage, rf in enumerate([*max_rfs, *sum_rfs]):
