@@ -15,9 +15,9 @@ The classic register-blocked micro-kernel:
   whole reduction): mr rows broadcast from A/X, nv zmm vectors of the weight per k step;
 - the epilogue blocks are folded into one and inlined into the accumulator's write-back: bias,
   residual and activation are applied to the register tile on its way to memory; an erf or tanh
-  (GELU) or a sigmoid (SiLU) is instead its own pass over the tile (over the output when M is padded), tensorized
-  with a polynomial (TVM calls a scalar libm function per lane), between the folded blocks
-  before and after it;
+  (GELU) or a sigmoid (SiLU) is instead its own pass over the tile (over the output when M is
+  padded), tensorized with a polynomial (TVM calls a scalar libm function per lane), between
+  the folded blocks before and after it;
 - any shape: N off the 16-lane grid is padded with zero weight columns in the packing, and the
   write-back is predicated (such a packing is not a plain copy, which is all the layout-rewrite
   passes take: the kernel packs its weight on every call, in parallel, so only for M >= 256
