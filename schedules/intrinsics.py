@@ -61,6 +61,14 @@ def register_for_trace(trace_json: str) -> None:
             load_tensor_intrins(module)
 
 
+def register_all() -> list[str]:
+    """Register every tunefarm intrinsic in this process and return their names: what a stock
+    TVM process needs before it replays records exported with `tunefarm db export --format
+    metaschedule` whose traces tensorize with them (`softmax-x86`, `activation-x86`, the
+    GELU/SiLU pass of `gemm-x86`, `dense-int8-vnni`, the aarch64 templates)."""
+    return [use(name) for name in sorted(_FACTORIES)]
+
+
 # --- VNNI: C[16] int32 += A[4] uint8 . B[16, 4] int8 (one vpdpbusd on 512-bit registers) -------
 #
 # TVM's own `dot_16x4_vnni` passes <16 x i32> operands to llvm.x86.avx512.vpdpbusd.512, which

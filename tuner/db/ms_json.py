@@ -33,6 +33,7 @@ def export_metaschedule(store: Store, directory: str | Path, *,
     directory (created; records already there are kept)."""
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)
+    _register_intrinsics(d)
     dst = ms.database.JSONDatabase(str(d / WORKLOADS_JSON), str(d / RECORDS_JSON),
                                    allow_missing=True)
     records = TunefarmDatabase(store, device_key).get_all_tuning_records()
@@ -50,9 +51,19 @@ def import_metaschedule(store: Store, directory: str | Path, *,
     for name in (WORKLOADS_JSON, RECORDS_JSON):
         if not (d / name).is_file():
             raise FileNotFoundError(f"{d / name} does not exist: not a MetaSchedule database")
+    _register_intrinsics(d)
     src = ms.database.JSONDatabase(str(d / WORKLOADS_JSON), str(d / RECORDS_JSON),
                                    allow_missing=False)
     dst = TunefarmDatabase(store, device_key)
     records = src.get_all_tuning_records()
     added = sum(1 for rec in records if dst.import_record(rec))
     return Transfer(len(records), added)
+
+
+def _register_intrinsics(d: Path) -> None:
+    """Register the tensor intrinsics the directory's records name (tunefarm's templates
+    tensorize with their own): `JSONDatabase` parses every trace as it loads."""
+    from schedules.intrinsics import register_for_trace
+
+    if (d / RECORDS_JSON).is_file():
+        register_for_trace((d / RECORDS_JSON).read_text())
