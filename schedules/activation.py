@@ -101,6 +101,7 @@ def _schedule(t: ActivationX86, sch: Any, m: ActivationMatch) -> tuple[int, int]
         out = blocks[-1]
     *rows, j = sch.get_loops(out)
     v = t.sample(sch, "vectors", extent=m.row // LANES)
+    step = int(sch.get(v)) * LANES  # the output's elements per step
     jo, jv, jl = sch.split(j, [None, v, LANES])
     # the steps of a row split [outer, inner], the outer fused with the rows and run in parallel
     # (a split of rows and steps fused would leave bindings `tensorize` cannot blockize)
@@ -117,13 +118,13 @@ def _schedule(t: ActivationX86, sch: Any, m: ActivationMatch) -> tuple[int, int]
     intrin = use(ACTIVATION_F32.format(fn=m.fn))
     if at == len(blocks) - 1:  # the activation writes the output: its own lanes are the step's
         sch.tensorize(jl, intrin)
-        return int(sch.get(v)) * LANES, int(sch.get(v)) * LANES
+        return step, step
     own = sch.get_loops(act)[2:]
     per_step = math.prod(int(sch.get(loop).extent) for loop in own)
     _, lanes = sch.split(sch.fuse(*own), [None, LANES])
     sch.tensorize(lanes, intrin)
     sch.vectorize(jl)
-    return per_step, int(sch.get(v)) * LANES
+    return per_step, step
 
 
 def _steps_problem(t: ActivationX86, workload: Workload, target: Any,

@@ -35,7 +35,6 @@ class ActivationMatch:
     input_block: str | None  # the block computing the activation's input (None: a parameter)
     copy_out: bool  # the last block copies (reshapes) the one before it, which follows the act
     row: int  # extent of the output's last dimension (the activation's too)
-    size: int  # elements of the output
 
 
 @dataclass(frozen=True)
@@ -115,8 +114,7 @@ def match_activation_func(func: Any) -> ActivationMatch | NoMatch:
     copy_out = (at < len(blocks) - 2 and isinstance(last, tvm.ir.TensorLoad)
                 and last.source.same_as(blocks[-2].body.buffer))
     return ActivationMatch(blocks[at].name_hint, fn,
-                           None if producer is None else producer.name_hint, copy_out, row,
-                           math.prod(int(d) for d in out.shape))
+                           None if producer is None else producer.name_hint, copy_out, row)
 
 
 def match_activation(workload: Workload) -> ActivationMatch | NoMatch:
