@@ -151,6 +151,25 @@ def softmax(shape: tuple[int, ...]) -> Any:
     return func
 
 
+def norm(shape: tuple[int, ...], kind: str) -> Any:
+    """`kind` ("layer_norm" with gamma and beta, or "rms_norm" with gamma) of x over its last
+    axis, the weights bound as a model's are (BERT's and Llama's normalisations)."""
+    cols = (shape[-1],)
+    if kind == "layer_norm":
+        consts = {"g": cols, "b": cols}
+
+        def body(bb: Any, x: Any, g: Any, b: Any) -> Any:
+            return op("nn.layer_norm")(x, g, b, axes=[-1])
+    else:
+        consts = {"g": cols}
+
+        def body(bb: Any, x: Any, g: Any) -> Any:  # type: ignore[misc]
+            return op("nn.rms_norm")(x, g, axes=[-1])
+
+    (func,) = tasks({"x": shape}, consts, body).values()
+    return func
+
+
 BN_STEPS = (("mean", "subtract"), ("std", "divide"), ("gamma", "multiply"), ("beta", "add"))
 
 
@@ -213,6 +232,12 @@ FUSED: list[dict[str, Any]] = [
      "model": {"kind": "activation", "shape": [128, 3072], "act": "gelu"}},
     {"id": "F18", "title": "softmax 1×12×128×128 + copy", "peak": "fp32",
      "model": {"kind": "softmax", "shape": [1, 12, 128, 128]}},
+    # the normalisations: BERT's layer norm, and an RMS norm over Llama's hidden size (a prompt
+    # of 128 tokens: [batch, tokens, hidden])
+    {"id": "F19", "title": "layer norm 128×768", "peak": "fp32",
+     "model": {"kind": "norm", "shape": [128, 768], "norm": "layer_norm"}},
+    {"id": "F20", "title": "RMS norm 1×128×2048", "peak": "fp32",
+     "model": {"kind": "norm", "shape": [1, 128, 2048], "norm": "rms_norm"}},
 ]
 
 
@@ -229,6 +254,8 @@ def spec_of(model: dict[str, Any]) -> dict[str, Any]:
         func = activation(tuple(model["shape"]), model["act"])
     elif model["kind"] == "softmax":
         func = softmax(tuple(model["shape"]))
+    elif model["kind"] == "norm":
+        func = norm(tuple(model["shape"]), model["norm"])
     else:
         func = matmul(tuple(model["a"]), tuple(model["b"]))
     return {"op": "tir", "tvmscript": func.script()}
@@ -254,6 +281,12 @@ def torch_fn(model: dict[str, Any], inputs: list[np.ndarray], torch: Any) -> tup
     if model["kind"] == "softmax":
         (x,) = t
         return (lambda: torch.softmax(x, -1)), "torch.softmax(x, -1)"
+    if model["kind"] == "norm":
+        x, g, *beta = t
+        cols = (x.shape[-1],)
+        if model["norm"] == "layer_norm":
+            return (lambda: F.layer_norm(x, cols, g, beta[0], 1e-5)), "F.layer_norm"
+        return (lambda: F.rms_norm(x, cols, g, 1e-5)), "F.rms_norm"
     x, w_kn, b, *res = t
     w = w_kn.t().contiguous()
     act = model.get("act")

@@ -15,6 +15,7 @@ from schedules.conv import Conv2dNCHWcX86, Conv2dNHWCX86, DepthwiseNCHWX86
 from schedules.cuda import DenseWmmaCuda
 from schedules.gemm import GemmX86
 from schedules.int8 import DenseInt8VNNI
+from schedules.norm import NormX86
 from schedules.softmax import SoftmaxX86
 
 FAMILIES: tuple[type[Template], ...] = (
@@ -24,6 +25,7 @@ FAMILIES: tuple[type[Template], ...] = (
     DepthwiseNCHWX86,
     DenseInt8VNNI,
     SoftmaxX86,
+    NormX86,
     ActivationX86,
     DenseNeonAarch64,
     DenseInt8SdotAarch64,

@@ -50,7 +50,7 @@ def softmax_lanes(cols: int, target: Any) -> int:
     return 0
 
 
-def _tree_rfactor(sch: Any, block: Any, lanes: int, rows: int) -> list[Any]:
+def tree_rfactor(sch: Any, block: Any, lanes: int, rows: int) -> list[Any]:
     """Reduce `block` (a reduction over its last loop, `lanes` a power of two dividing it) as
     `lanes` vector partials followed by a halving tree: with k = k0 * lanes + l and l split into
     its bits b_{n-1} .. b_0, rfactor peels one bit at a time, so `block` reduces b_0 (2 -> 1),
@@ -67,7 +67,7 @@ def _tree_rfactor(sch: Any, block: Any, lanes: int, rows: int) -> list[Any]:
     return chain
 
 
-def _iters_row_red_lanes(sch: Any, block: Any, rows: int) -> None:
+def iters_row_red_lanes(sch: Any, block: Any, rows: int) -> None:
     """Order the block iters of an rfactor block as (rows..., reduced..., lane bits...), so that
     the loops compute_at creates come in that order."""
     b = sch.get(block)
@@ -127,10 +127,10 @@ class SoftmaxX86(Template):
         rows = m.row_dims
         max_block = sch.get_sblock(m.max_block)
         sum_block = sch.get_sblock(m.sum_block)
-        max_rfs = _tree_rfactor(sch, max_block, lanes, rows)
-        sum_rfs = _tree_rfactor(sch, sum_block, lanes, rows)
+        max_rfs = tree_rfactor(sch, max_block, lanes, rows)
+        sum_rfs = tree_rfactor(sch, sum_block, lanes, rows)
         for block in [max_block, *max_rfs, sum_block, *sum_rfs]:
-            _iters_row_red_lanes(sch, block, rows)
+            iters_row_red_lanes(sch, block, rows)
 
         norm_block = sch.get_sblock(m.norm_block)
         for _ in range(m.copies):  # relax's copies to the output: the norm block writes it

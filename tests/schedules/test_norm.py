@@ -1,0 +1,95 @@
+"""Row normalisations matched by structure (`schedules/match_norm.py`) and served by `norm-x86`:
+relax's layer norm and RMS norm, built here from small relax models, over 2-D and 3-D inputs
+(int64 indices), with rows off any grid; what the matcher does not serve says why."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from bench import fused as relax_tasks
+from schedules import registry
+from schedules.match import NoMatch
+from schedules.match_norm import COLUMN, ELEMENTWISE, ROW, SUM, NormMatch, match_norm_func
+from tests.schedules.test_spaces import X86, check_outputs, sample_points
+from tuner.workloads import parse_spec
+
+
+def tir(func: Any) -> Any:
+    return parse_spec({"op": "tir", "tvmscript": func.script()})
+
+
+@pytest.mark.parametrize(("shape", "kind", "spaces"), [
+    ((16, 64), "layer_norm", 3),       # 64 = 4 x 16 lanes: 1, 2 or 4 accumulators
+    ((3, 5, 48), "layer_norm", 1),     # 15 rows over two dimensions, 48 = 3 x 16 lanes
+    ((2, 7, 32), "rms_norm", 2),       # relax's casts and copies around the RMS norm
+    ((32, 32), "layer_norm", 2),       # as many rows as columns: the mean is per row, gamma
+                                       # and beta per column
+])
+def test_relax_normalisations_get_the_norm_template(shape: tuple[int, ...], kind: str,
+                                                    spaces: int) -> None:
+    func = relax_tasks.norm(shape, kind)
+    m = match_norm_func(func)
+    assert isinstance(m, NormMatch), m
+    assert (m.row_dims, m.last_rows, m.cols) == (len(shape) - 1, shape[-2], shape[-1])
+    kinds = dict(m.kinds)
+    if kind == "layer_norm":
+        assert kinds == {"x_sum": SUM, "x_mean": ROW, "x_var_sum": SUM,
+                         "T_layer_norm": ELEMENTWISE}, kinds
+    else:
+        assert len(m.named(SUM)) == 1 and len(m.named(ROW)) == 1 and len(m.named(COLUMN)) == 1
+    wl = tir(func)
+    assert registry.resolve("default", wl, X86) == "norm-x86"
+    tpl = registry.TEMPLATES["norm-x86"]
+    assert [v["accumulators"] for v in tpl.design_variants(wl)] == ["1", "2", "4"][:spaces]
+    points = sample_points(registry.space_generator("norm-x86", wl, X86), wl, X86, n=2)
+    assert len(points) == 2 * spaces
+    for sch in points:
+        text = sch.mod.script()
+        # every elementwise block folded: the output's block reads the input itself
+        assert all(f'T.sblock("{n}")' not in text for n in m.named(ELEMENTWISE)[:-1]), text
+        assert "T.vectorized" in text and "T.parallel" in text
+        check_outputs(sch, wl, X86)
+
+
+def test_the_norm_space_lists_its_knobs() -> None:
+    wl = tir(relax_tasks.norm((8, 128), "rms_norm"))
+    knobs = registry.TEMPLATES["norm-x86"].knobs(wl)
+    assert knobs["rows"]["kind"] == "perfect_tile" and knobs["rows"]["extent"] == 8, knobs
+    assert knobs["accumulators"]["choices"] == ["1", "2", "4"]
+
+
+def _softmax() -> Any:
+    return relax_tasks.softmax((4, 32))
+
+
+def _gelu() -> Any:
+    (func,) = relax_tasks.tasks({"x": (16, 32)}, {}, lambda bb, x:
+                                relax_tasks.op("nn.gelu")(x)).values()
+    return func
+
+
+def _norm_over_first_axis() -> Any:
+    (func,) = relax_tasks.tasks({"x": (16, 32)}, {"g": (16,), "b": (16,)}, lambda bb, x, g, b:
+                                relax_tasks.op("nn.layer_norm")(x, g, b, axes=[0])).values()
+    return func
+
+
+@pytest.mark.parametrize(("func", "why"), [
+    (_softmax, "block T_softmax_maxelem is not a row sum"),  # a max is softmax's
+    (_gelu, "no row sum"),  # elementwise only
+    (lambda: relax_tasks.linear(16, 32, 16), "is not a row sum, a per-row value"),
+    (_norm_over_first_axis, "is not a row sum, a per-row value"),
+])
+def test_what_the_norm_matcher_does_not_serve_says_why(func: Any, why: str) -> None:
+    got = match_norm_func(func())
+    assert isinstance(got, NoMatch) and why in got.reason, got
+
+
+def test_rows_off_the_vector_grid_are_left_to_the_generated_space() -> None:
+    wl = tir(relax_tasks.norm((4, 30), "layer_norm"))
+    assert isinstance(match_norm_func(wl.prim_func()), NormMatch)
+    why = registry.TEMPLATES["norm-x86"].why_not(wl, X86)
+    assert why == "the row length (30) is not a multiple of 4"
+    assert registry.resolve("default", wl, X86) == "auto"
