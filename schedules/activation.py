@@ -26,7 +26,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from schedules.base import Template, is_x86, vector_lanes
+from schedules.base import StructuralTemplate, is_x86, vector_lanes
 from schedules.intrinsics import ACTIVATION_F32, use
 from schedules.knobs import Categorical, PerfectTile, divides, knob_table
 from schedules.match_rows import ActivationMatch, match_activation
@@ -35,7 +35,7 @@ from tuner.workloads import Workload
 LANES = 16
 
 
-class ActivationX86(Template):
+class ActivationX86(StructuralTemplate):
     name = "activation-x86"
     ops = ("tir",)
     description = ("elementwise chain around an erf, tanh or sigmoid: folded into the "
@@ -53,9 +53,6 @@ class ActivationX86(Template):
     )
     # small on purpose: on BERT's GELU (F17) all 36 points of a space with any serial count and
     # an unroll knob (0, 16, 64) measured within 67-71 µs; more points only cost tuning time
-
-    def applies(self, workload: Workload, target: Any) -> bool:
-        return self.why_not(workload, target) is None
 
     def why_not(self, workload: Workload, target: Any) -> str | None:
         m = match_activation(workload)

@@ -223,3 +223,15 @@ class Template(ABC):
     def describe(self, workload: Workload | None = None) -> dict[str, Any]:
         return {"name": self.name, "kind": "template", "ops": list(self.ops),
                 "description": self.description, "knobs": self.knobs(workload)}
+
+
+class StructuralTemplate(Template):
+    """A template matched by the structure of a PrimFunc's blocks (schedules/match*.py), not by
+    op name: `why_not` decides, and `applies` follows from it."""
+
+    def applies(self, workload: Workload, target: Any) -> bool:
+        return self.why_not(workload, target) is None
+
+    @abstractmethod
+    def why_not(self, workload: Workload, target: Any) -> str | None:
+        """None if the template serves `workload` on `target`, else why not (one line)."""

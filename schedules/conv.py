@@ -29,7 +29,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from schedules.base import Template, fold_epilogue, is_x86
+from schedules.base import StructuralTemplate, fold_epilogue, is_x86
 from schedules.knobs import (
     Categorical,
     DesignSpace,
@@ -66,15 +66,12 @@ def _match(workload: Workload, depthwise: bool) -> ConvMatch | DepthwiseMatch:
     return m
 
 
-class _Direct(Template):
+class _Direct(StructuralTemplate):
     """What the convolution templates share: matching by structure (`schedules/match_conv.py`),
     the explicit-unroll knob, sampled last, the placement of the padded input, a design space
     only where there is padding, and the epilogue folded into the register tile's write-back."""
 
     depthwise = False
-
-    def applies(self, workload: Workload, target: Any) -> bool:
-        return self.why_not(workload, target) is None
 
     def why_not(self, workload: Workload, target: Any) -> str | None:
         m = _matched(workload, self.depthwise)

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from schedules.base import Template, finish_register_tile, fold_epilogue, is_x86
+from schedules.base import StructuralTemplate, finish_register_tile, fold_epilogue, is_x86
 from schedules.intrinsics import ACTIVATION_F32, use
 from schedules.knobs import Categorical, DesignSpace, PerfectTile, divides, knob_table
 from schedules.match import GemmMatch, match_gemm
@@ -54,7 +54,7 @@ MIN_ROWS_PADDED_N = 256
 EPILOGUE_ACTIVATIONS = ("erf", "tanh", "sigmoid")
 
 
-class GemmX86(Template):
+class GemmX86(StructuralTemplate):
     name = "gemm-x86"
     ops = ("matmul", "dense", "batch_matmul", "tir")
     description = ("register-blocked AVX-512 micro-kernel (mr x nv*16 accumulators), weight packed "
@@ -75,9 +75,6 @@ class GemmX86(Template):
         unroll=Categorical((0, 16, 64), probs=(0.2, 0.4, 0.4),
                            doc="explicit unroll depth (meta_schedule.unroll_explicit)"),
     )
-
-    def applies(self, workload: Workload, target: Any) -> bool:
-        return self.why_not(workload, target) is None
 
     def why_not(self, workload: Workload, target: Any) -> str | None:
         g = match_gemm(workload)

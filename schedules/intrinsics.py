@@ -204,17 +204,16 @@ for _lanes in (4, 8, 16):
 #
 # The bodies of the blocks relax legalizes GELU (erf or tanh form) and SiLU into; a GEMM epilogue
 # tensorizes these blocks (schedules/gemm.py: EPILOGUE_ACTIVATIONS), and so does a standalone
-# activation (schedules/activation.py), instead of making one libm call per lane. All three are
-# built on `_vexp`:
+# activation (schedules/activation.py), instead of making one libm call per lane:
 # - erf: x P(x^2) / Q(x^2) on x clamped to [-4, 4] (erf(4) is 1 in float32), P and Q of degree 5,
-#   Q(0) = 1; no exp, no branch: 2 clamps, 11 FMAs, a multiply and a division per vector. The
+#   Q(0) = 1; no exp, no branch: 2 clamps, 10 FMAs, 2 multiplies and a division per vector. The
 #   coefficients are a weighted least-squares fit of erf's relative error (bench/fit_erf.py):
 #   2.5e-8 in exact arithmetic, < 4e-7 absolute once evaluated in float32, and relative precision
 #   near 0 comes with the form (erf(x) ~ x P(0));
-# - tanh: (1 - e) / (1 + e) with e = e^(-2|x|), sign of x; |x| < 0.1 by its odd Taylor series to
-#   x^5 (the form above loses relative precision there); absolute error < 5e-7 against np.tanh
-#   (tests/schedules/test_intrinsics.py);
-# - sigmoid: 1 / (1 + e^-x).
+# - tanh, on `_vexp`: (1 - e) / (1 + e) with e = e^(-2|x|), sign of x; |x| < 0.1 by its odd Taylor
+#   series to x^5 (the form above loses relative precision there); absolute error < 5e-7
+#   against np.tanh (tests/schedules/test_intrinsics.py);
+# - sigmoid, on `_vexp`: 1 / (1 + e^-x).
 # NaN does not propagate (the clamps turn it into a number), as with the softmax exp.
 
 ACTIVATION_F32 = "{fn}_f32x16"  # .format(fn="erf" | "tanh" | "sigmoid")

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from schedules.base import Template, is_x86
+from schedules.base import StructuralTemplate, is_x86
 from schedules.knobs import DesignSpace, PerfectTile, knob_table
 from schedules.match_norm import COLUMN, ELEMENTWISE, ROW, SUM, NormMatch, match_norm
 from schedules.softmax import iters_row_red_lanes, softmax_lanes, tree_rfactor
@@ -34,7 +34,7 @@ MAX_ROWS_PER_TASK = 16
 ACCUMULATORS = ("1", "2", "4")
 
 
-class NormX86(Template):
+class NormX86(StructuralTemplate):
     name = "norm-x86"
     ops = ("tir",)
     description = ("fp32 row normalisations (layer norm, RMS norm): elementwise blocks folded, "
@@ -49,9 +49,6 @@ class NormX86(Template):
                                                    "(independent add chains): those for which "
                                                    "16 lanes each divide the row"),
     )
-
-    def applies(self, workload: Workload, target: Any) -> bool:
-        return self.why_not(workload, target) is None
 
     def why_not(self, workload: Workload, target: Any) -> str | None:
         m = match_norm(workload)

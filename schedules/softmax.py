@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from schedules.base import Template, is_x86, vector_lanes
+from schedules.base import StructuralTemplate, is_x86, vector_lanes
 from schedules.intrinsics import DIV_BCAST_F32, EXP_SUB_F32, use
 from schedules.knobs import Categorical, DesignSpace, Fixed, PerfectTile, knob_table
 from schedules.match_rows import SoftmaxMatch, match_softmax
@@ -79,7 +79,7 @@ def iters_row_red_lanes(sch: Any, block: Any, rows: int) -> None:
     sch.reorder_block_iter_var(block, order_row + order_red + order_lane)
 
 
-class SoftmaxX86(Template):
+class SoftmaxX86(StructuralTemplate):
     name = "softmax-x86"
     ops = ("softmax", "tir")
     description = ("fp32 softmax over the last axis, fused per row block under one parallel "
@@ -101,9 +101,6 @@ class SoftmaxX86(Template):
         lanes=Fixed("16 (AVX-512), else 8 or 4 dividing cols",
                     doc="vector width of every row loop"),
     )
-
-    def applies(self, workload: Workload, target: Any) -> bool:
-        return self.why_not(workload, target) is None
 
     def why_not(self, workload: Workload, target: Any) -> str | None:
         m = match_softmax(workload)
