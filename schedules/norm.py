@@ -23,10 +23,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from schedules.base import StructuralTemplate, is_x86
+from schedules.base import StructuralTemplate
 from schedules.knobs import DesignSpace, PerfectTile, knob_table
 from schedules.match_norm import COLUMN, ELEMENTWISE, ROW, SUM, NormMatch, match_norm
-from schedules.softmax import iters_row_red_lanes, softmax_lanes, tree_rfactor
+from schedules.softmax import (
+    iters_row_red_lanes,
+    row_loops_problem,
+    softmax_lanes,
+    tree_rfactor,
+)
 from tuner.tvm_api import ms
 from tuner.workloads import Workload
 
@@ -54,11 +59,7 @@ class NormX86(StructuralTemplate):
         m = match_norm(workload)
         if not isinstance(m, NormMatch):
             return m.reason
-        if not is_x86(target):
-            return "not an x86 LLVM target"
-        if softmax_lanes(m.cols, target) == 0:
-            return f"the row length ({m.cols}) is not a multiple of 4"
-        return None
+        return row_loops_problem(m.cols, target)
 
     def knob_extents(self, workload: Workload) -> dict[str, int]:
         m = match_norm(workload)

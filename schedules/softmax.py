@@ -50,6 +50,15 @@ def softmax_lanes(cols: int, target: Any) -> int:
     return 0
 
 
+def row_loops_problem(cols: int, target: Any) -> str | None:
+    """Why rows of `cols` columns cannot get vector row loops on `target` (None: they can)."""
+    if not is_x86(target):
+        return "not an x86 LLVM target"
+    if softmax_lanes(cols, target) == 0:
+        return f"the row length ({cols}) is not a multiple of 4"
+    return None
+
+
 def tree_rfactor(sch: Any, block: Any, lanes: int, rows: int) -> list[Any]:
     """Reduce `block` (a reduction over its last loop, `lanes` a power of two dividing it) as
     `lanes` vector partials followed by a halving tree: with k = k0 * lanes + l and l split into
@@ -106,11 +115,7 @@ class SoftmaxX86(StructuralTemplate):
         m = match_softmax(workload)
         if not isinstance(m, SoftmaxMatch):
             return m.reason
-        if not is_x86(target):
-            return "not an x86 LLVM target"
-        if softmax_lanes(m.cols, target) == 0:
-            return f"the row length ({m.cols}) is not a multiple of 4"
-        return None
+        return row_loops_problem(m.cols, target)
 
     def knob_extents(self, workload: Workload) -> dict[str, int]:
         m = match_softmax(workload)
