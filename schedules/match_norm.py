@@ -19,7 +19,15 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from schedules.match import COMM_REDUCE, DATA_PAR, NoMatch, cached_match, child_blocks, loads
+from schedules.match import (
+    COMM_REDUCE,
+    DATA_PAR,
+    NoMatch,
+    cached_match,
+    child_blocks,
+    is_var,
+    loads,
+)
 from tuner.tvm_api import tvm
 from tuner.workloads import Workload
 
@@ -79,8 +87,7 @@ def _kind(b: Any, rows: list[int], cols: int) -> str | None:
 
 
 def _at(indices: Any, its: list[Any]) -> bool:
-    return len(indices) == len(its) and all(
-        isinstance(i, tvm.tirx.Var) and i.same_as(v) for i, v in zip(indices, its, strict=True))
+    return len(indices) == len(its) and all(map(is_var, indices, its))
 
 
 def match_norm_func(func: Any) -> NormMatch | NoMatch:
