@@ -10,6 +10,7 @@ the trace names (`register_for_trace`). TVM's own WMMA intrinsics (`tvm.s_tir.te
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import linecache
 import re
@@ -22,20 +23,23 @@ T = tvm.script.tirx  # `from tvm.script import tirx as T`, without importing tvm
 TensorIntrin = tvm.s_tir.TensorIntrin
 
 
-def _pin_source() -> None:
+def pin_source(path: str) -> None:
     """TVMScript parses a function from its source file (through `linecache`) when the factory
     runs, which in a long-running worker may be days after this import. Keep the source as it was
-    imported (an entry without mtime is never invalidated): an upgrade of this file on disk must
+    imported (an entry without mtime is never invalidated): an upgrade of the file on disk must
     not shift the lines a later parse reads ("Function must be decorated")."""
-    lines = linecache.getlines(__file__)
+    lines = linecache.getlines(path)
     if lines:
-        linecache.cache[__file__] = (sum(map(len, lines)), None, lines, __file__)
+        linecache.cache[path] = (sum(map(len, lines)), None, lines, path)
 
 
-_pin_source()
+pin_source(__file__)
 
 # name -> () -> (description, implementation) PrimFuncs
 _FACTORIES: dict[str, Callable[[], tuple[Any, Any]]] = {}
+# families of names with parameters (whole-row intrinsics: schedules/row_intrinsics.py): a regex
+# over the name -> (match -> (description, implementation), or None for parameters out of range)
+_PATTERNS: list[tuple[re.Pattern[str], Callable[[re.Match[str]], tuple[Any, Any] | None]]] = []
 # TVM's own intrinsics by name prefix -> the tvm.s_tir.tensor_intrin module that registers them
 _TVM_MODULES = {"wmma_": "cuda"}
 
@@ -44,8 +48,17 @@ def use(name: str) -> str:
     """Register tunefarm's intrinsic `name` (once per process) and return it:
     `sch.tensorize(loop, use(NAME))`."""
     if TensorIntrin.get(name, allow_missing=True) is None:
-        TensorIntrin.register(name, *_FACTORIES[name]())
+        TensorIntrin.register(name, *_factory(name)())
     return name
+
+
+def _factory(name: str) -> Callable[[], tuple[Any, Any]]:
+    if name in _FACTORIES:
+        return _FACTORIES[name]
+    for pattern, make in _PATTERNS:
+        if (m := pattern.fullmatch(name)) and (made := make(m)) is not None:
+            return lambda: made
+    raise KeyError(f"no tunefarm intrinsic is named {name!r}")
 
 
 def register_for_trace(trace_json: str) -> None:
@@ -55,6 +68,10 @@ def register_for_trace(trace_json: str) -> None:
     words = set(re.findall(r"\w+", trace_json))
     for name in words.intersection(_FACTORIES):
         use(name)
+    for word in words:
+        if any(pattern.fullmatch(word) for pattern, _ in _PATTERNS):
+            with contextlib.suppress(KeyError):  # out of range: the replay says what is missing
+                use(word)
     for prefix, module in _TVM_MODULES.items():
         if any(w.startswith(prefix) for w in words):
             load_tensor_intrins(module)
@@ -64,7 +81,9 @@ def register_all() -> list[str]:
     """Register every tunefarm intrinsic in this process and return their names: what a stock
     TVM process needs before it replays records exported with `tunefarm db export --format
     metaschedule` whose traces tensorize with them (`softmax-x86`, `activation-x86`, the
-    GELU/SiLU pass of `gemm-x86`, `dense-int8-vnni`, the aarch64 templates)."""
+    GELU/SiLU pass of `gemm-x86`, `dense-int8-vnni`, the aarch64 templates). The whole-row
+    intrinsics have a row length in their names: `register_for_trace` registers those a trace
+    names."""
     return [use(name) for name in sorted(_FACTORIES)]
 
 
@@ -374,3 +393,7 @@ def _usdot_intrin(acc_scope: str) -> tuple[Any, Any]:
 
 _FACTORIES[USDOT_INTRIN] = lambda: _usdot_intrin("global")
 _FACTORIES[USDOT_LOCAL_INTRIN] = lambda: _usdot_intrin("local")
+
+
+# the whole-row intrinsics register their name patterns (they use _vexp and _let from here)
+from schedules import row_intrinsics as _row_intrinsics  # noqa: E402, F401

@@ -23,6 +23,10 @@ process on one thread. Summation order changes (partial sums), well within the t
 
 The exp and norm rewrites happen by tensorization with intrinsics whose descriptions are exactly
 the blocks' bodies, so the PrimFunc (and its workload key) is untouched.
+
+Rows no vector width divides (ViT's 197 tokens) keep the template another way: each of the four
+steps tensorizes a whole row (`schedules/row_intrinsics.py`, which says why the split loops do
+not work there), under the same parallel row loop, one row per step.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from schedules.base import StructuralTemplate, is_x86, vector_lanes
 from schedules.intrinsics import DIV_BCAST_F32, EXP_SUB_F32, use
 from schedules.knobs import Categorical, DesignSpace, Fixed, PerfectTile, knob_table
 from schedules.match_rows import SoftmaxMatch, match_softmax
+from schedules.row_intrinsics import MAX_ROW, ROW_DIV, ROW_EXP_SUB, ROW_MAX, ROW_SUM, row_fits
 from tuner.tvm_api import ms
 from tuner.workloads import Workload
 
@@ -50,12 +55,18 @@ def softmax_lanes(cols: int, target: Any) -> int:
     return 0
 
 
-def row_loops_problem(cols: int, target: Any) -> str | None:
-    """Why rows of `cols` columns cannot get vector row loops on `target` (None: they can)."""
+def row_loops_problem(cols: int, target: Any, *, whole_rows: bool = False) -> str | None:
+    """Why rows of `cols` columns cannot get vector row loops on `target` (None: they can);
+    `whole_rows`: or the whole-row intrinsics, off the grid."""
     if not is_x86(target):
         return "not an x86 LLVM target"
     if softmax_lanes(cols, target) == 0:
-        return f"the row length ({cols}) is not a multiple of 4"
+        lanes = vector_lanes(target, 32)
+        if not whole_rows:
+            return f"the row length ({cols}) is not a multiple of 4"
+        if not row_fits(cols, lanes):
+            return (f"the row length ({cols}) is not a multiple of 4, and not between one "
+                    f"vector ({lanes}) and {MAX_ROW}")
     return None
 
 
@@ -94,7 +105,8 @@ class SoftmaxX86(StructuralTemplate):
     description = ("fp32 softmax over the last axis, fused per row block under one parallel "
                    "loop: vector partial max/sum (rfactor) with a log-tree horizontal reduction, "
                    "fast polynomial exp (tensorized), reciprocal-multiply or divide; knobs for "
-                   "row blocking, parallel granularity, unroll. Needs cols % 4 == 0.")
+                   "row blocking, parallel granularity, unroll. Rows off the 4 grid: each step "
+                   "tensorized over the whole row.")
     tensorize = False  # the trace tensorizes exp/norm itself
     population_size = 64  # a small space (512 points) with a long trace: replay costs ~20 ms
     KNOBS = knob_table(
@@ -107,7 +119,7 @@ class SoftmaxX86(StructuralTemplate):
                                        "loop"),
         norm=DesignSpace(NORMS, doc="exp / sum as a vector division or as exp * (1 / sum) "
                                     "(<= 1.5 ulp apart)"),
-        lanes=Fixed("16 (AVX-512), else 8 or 4 dividing cols",
+        lanes=Fixed("16 (AVX-512), else 8 or 4 dividing cols; off the 4 grid, the target's",
                     doc="vector width of every row loop"),
     )
 
@@ -115,7 +127,7 @@ class SoftmaxX86(StructuralTemplate):
         m = match_softmax(workload)
         if not isinstance(m, SoftmaxMatch):
             return m.reason
-        return row_loops_problem(m.cols, target)
+        return row_loops_problem(m.cols, target, whole_rows=True)
 
     def knob_extents(self, workload: Workload) -> dict[str, int]:
         m = match_softmax(workload)
@@ -126,6 +138,9 @@ class SoftmaxX86(StructuralTemplate):
         m = match_softmax(workload)
         assert isinstance(m, SoftmaxMatch), m
         lanes = softmax_lanes(m.cols, target)
+        if lanes == 0:
+            self._whole_rows(sch, m, target, norm)
+            return
         rows = m.row_dims
         max_block = sch.get_sblock(m.max_block)
         sum_block = sch.get_sblock(m.sum_block)
@@ -159,6 +174,28 @@ class SoftmaxX86(StructuralTemplate):
             n_bits = stage % len(max_rfs) + 1
             lane = sch.fuse(*sch.get_loops(rf)[-n_bits:])
             sch.vectorize(lane)
+        sch.annotate(sch.get_sblock("root"), "meta_schedule.unroll_explicit",
+                     self.sample(sch, "unroll"))
+
+    def _whole_rows(self, sch: Any, m: SoftmaxMatch, target: Any, norm: str) -> None:
+        """The schedule for rows no vector width divides: the same parallel row loop, one row
+        per step (the rows knob's r1 x r2), each step's four blocks tensorized over the row."""
+        lanes, n = vector_lanes(target, 32), m.cols
+        norm_block = sch.get_sblock(m.norm_block)
+        for _ in range(m.copies):
+            sch.reverse_compute_inline(sch.get_consumers(norm_block)[0])
+        *leading, i, j = sch.get_loops(norm_block)
+        r0, r1, r2 = self.split(sch, "rows", i)
+        sch.parallel(sch.fuse(*leading, r0) if leading else r0)
+        row = sch.fuse(r1, r2)  # several rows under one loop fail tensorize's buffer matching
+        for name in (m.sum_block, m.exp_block, m.max_block):
+            sch.compute_at(sch.get_sblock(name), row, preserve_unit_loops=True)
+        how = "recip" if norm == "reciprocal" else "div"
+        sch.tensorize(j, use(ROW_DIV.format(how=how, lanes=lanes, n=n)))
+        for name, intrin in ((m.exp_block, ROW_EXP_SUB), (m.max_block, ROW_MAX),
+                             (m.sum_block, ROW_SUM)):
+            loop = sch.get_loops(sch.get_sblock(name))[-1]
+            sch.tensorize(loop, use(intrin.format(lanes=lanes, n=n)))
         sch.annotate(sch.get_sblock("root"), "meta_schedule.unroll_explicit",
                      self.sample(sch, "unroll"))
 

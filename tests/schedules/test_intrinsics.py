@@ -61,3 +61,52 @@ def test_activation_intrinsics_match_the_exact_functions(fn: str) -> None:
         small = np.abs(x) < 1e-3
         rel = err[small] / np.maximum(np.abs(_exact(fn, x[small])), 1e-30)
         assert rel.max() < 1e-5, (fn, float(rel.max()))
+
+
+@pytest.mark.parametrize(("kind", "n", "lanes"), [("max", 197, 16), ("sum", 197, 16),
+                                                  ("sum", 17, 16), ("max", 129, 8),
+                                                  ("sum", 4095, 16)])
+def test_whole_row_reductions_count_every_element_once(kind: str, n: int, lanes: int) -> None:
+    """S[r] = max/sum of X[r, 0:n], tensorized a row at a time: the partial last vector
+    overlaps the one before it, and its lanes already counted must not count twice."""
+    from schedules.row_intrinsics import ROW_MAX, ROW_SUM
+
+    rows = 6
+    x = tv.te.placeholder((rows, n), "float32", name="x")
+    k = tv.te.reduce_axis((0, n), name="k")
+    red = tv.te.max if kind == "max" else tv.te.sum
+    s = tv.te.compute((rows,), lambda r: red(x[r, k], axis=k), name="s")
+    sch = tv.Schedule(tv.te.create_prim_func([x, s]))
+    name = (ROW_MAX if kind == "max" else ROW_SUM).format(lanes=lanes, n=n)
+    sch.tensorize(sch.get_loops(sch.get_sblock("s"))[-1], use(name))
+    rt = tv.compile_module(sch.mod, tv.make_target(RUN_X86))
+    data = np.random.default_rng(n).normal(0, 1, (rows, n)).astype(np.float32)
+    data[0] = 1.0  # a count: each element once, none twice
+    data[1, -1] = 50.0  # the maximum in the partial vector's last lane
+    data[2, 0] = 60.0  # and in the first vector
+    dev = tv.tvm.cpu(0)
+    out = tv.tvm.runtime.tensor(np.zeros(rows, np.float32), dev)
+    rt["main"](tv.tvm.runtime.tensor(data, dev), out)
+    want = data.max(1) if kind == "max" else data.astype(np.float64).sum(1)
+    np.testing.assert_allclose(out.numpy(), want, rtol=1e-5, atol=1e-4)
+    if kind == "sum":
+        assert out.numpy()[0] == n
+
+
+def test_a_trace_registers_the_whole_row_intrinsics_it_names_within_bounds() -> None:
+    from schedules.intrinsics import register_for_trace
+
+    def known(name: str) -> bool:
+        return tv.tvm.s_tir.TensorIntrin.get(name, allow_missing=True) is not None
+
+    register_for_trace('["Tensorize", "row_sum_f32x8_n203", "exp_sub_f32x8_n203", '
+                       '"div_bcast_div_f32x8_n203"]')
+    assert known("row_sum_f32x8_n203") and known("exp_sub_f32x8_n203")
+    assert known("div_bcast_div_f32x8_n203")
+    # a stored trace is input: a row too long, a multiple of the lanes, or lanes TVM's
+    # templates never use build nothing (the replay then reports the missing intrinsic)
+    register_for_trace('"row_max_f32x16_n999999999" "row_max_f32x16_n64" "row_max_f32x5_n17"')
+    assert not any(known(n) for n in ("row_max_f32x16_n999999999", "row_max_f32x16_n64",
+                                      "row_max_f32x5_n17"))
+    with pytest.raises(KeyError, match="no tunefarm intrinsic"):
+        use("row_max_f32x16_n64")

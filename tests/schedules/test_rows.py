@@ -105,7 +105,8 @@ def test_a_transposed_read_is_left_to_the_generated_space() -> None:
     assert registry.resolve("default", wl, X86) == "auto"
 
 
-@pytest.mark.parametrize("shape", [(1, 4, 16, 32), (3, 24, 48), (10, 64)])
+@pytest.mark.parametrize("shape", [(1, 4, 16, 32), (3, 24, 48), (10, 64),
+                                   (1, 2, 6, 197), (5, 17)])  # off the 4 grid: whole rows
 def test_relax_softmax_with_a_copy_gets_the_softmax_template(shape: tuple[int, ...]) -> None:
     func = relax_tasks.softmax(shape)
     m = match_softmax_func(func)

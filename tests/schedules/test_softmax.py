@@ -57,7 +57,9 @@ def test_registered_and_applies() -> None:
     assert softmax_lanes(48, target) == 16
     assert softmax_lanes(24, target) == 8
     assert softmax_lanes(20, target) == 4
-    assert not tpl.applies(workload(5, 18), target)  # no vector width divides the row
+    assert tpl.applies(workload(5, 18), target)  # off the 4 grid: whole-row intrinsics
+    assert "not between one vector (16) and" in tpl.why_not(workload(5, 14), target)
+    assert not tpl.applies(workload(2, 4099), target)  # beyond the longest whole row
     assert not tpl.applies(workload(8, 16, "float64"), target)
     assert not tpl.applies(workload(8, 16), tv.make_target(
         {"kind": "llvm", "mtriple": "aarch64-linux-gnu", "num-cores": 2}))
@@ -68,7 +70,8 @@ def test_registered_and_applies() -> None:
 
 @needs_avx512
 @pytest.mark.parametrize(("shape", "count", "seed"), [((64, 128), 12, 0), ((6, 48), 6, 1),
-                                                       ((5, 24), 4, 2), ((7, 20), 4, 3)])
+                                                       ((5, 24), 4, 2), ((7, 20), 4, 3),
+                                                       ((6, 18), 12, 4), ((3, 197), 4, 5)])
 def test_sampled_candidates_match_reference(shape: tuple[int, int], count: int,
                                             seed: int) -> None:
     w = workload(*shape)
