@@ -170,6 +170,29 @@ def norm(shape: tuple[int, ...], kind: str) -> Any:
     return func
 
 
+def int8_linear(m: int, n: int, k: int, scale: float = 0.01) -> Any:
+    """A quantized linear: uint8 x[m, k] times a bound int8 weight [n, k] (relax folds its
+    transpose into a [k, n] constant) to int32, requantized to int8: cast to float32, scaled,
+    rounded, clipped to [-128, 127], cast."""
+    from tvm import relax
+
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((m, k), "uint8"))
+    w = relax.Var("w", relax.TensorType((n, k), "int8"))
+    with bb.function("main", [x, w]):
+        with bb.dataflow():
+            acc = bb.emit(op("matmul")(x, bb.emit(op("permute_dims")(w)), out_dtype="int32"))
+            y = bb.emit(op("multiply")(bb.emit(op("astype")(acc, "float32")),
+                                       relax.const(scale, "float32")))
+            y = bb.emit(op("clip")(bb.emit(op("round")(y)), -128, 127))
+            out = bb.emit_output(op("astype")(y, "int8"))
+        bb.emit_func_output(out)
+    weight = np.random.default_rng(0).integers(-128, 128, (n, k)).astype("int8")
+    mod = relax.transform.BindParams("main", {"w": tvm.runtime.tensor(weight)})(bb.get())
+    (task,) = ms.relax_integration.extract_tasks(fuse()(mod), make_target("host"))
+    return task.dispatched[0]["main"]
+
+
 BN_STEPS = (("mean", "subtract"), ("std", "divide"), ("gamma", "multiply"), ("beta", "add"))
 
 
@@ -238,6 +261,14 @@ FUSED: list[dict[str, Any]] = [
      "model": {"kind": "norm", "shape": [128, 768], "norm": "layer_norm"}},
     {"id": "F20", "title": "RMS norm 1×128×2048", "peak": "fp32",
      "model": {"kind": "norm", "shape": [1, 128, 2048], "norm": "rms_norm"}},
+    # ViT-B/16's attention softmax: 197 tokens (196 patches and the class token), a row no
+    # vector width divides
+    {"id": "F21", "title": "softmax 1×12×197×197 + copy", "peak": "fp32",
+     "model": {"kind": "softmax", "shape": [1, 12, 197, 197]}},
+    # a quantized BERT-base projection: uint8 activations, int8 weight, int32 accumulation,
+    # requantized to int8
+    {"id": "F22", "title": "int8 linear 128×768→768 +requantize", "peak": "int8",
+     "model": {"kind": "int8_linear", "m": 128, "n": 768, "k": 768, "scale": 0.001}},
 ]
 
 
@@ -256,6 +287,8 @@ def spec_of(model: dict[str, Any]) -> dict[str, Any]:
         func = softmax(tuple(model["shape"]))
     elif model["kind"] == "norm":
         func = norm(tuple(model["shape"]), model["norm"])
+    elif model["kind"] == "int8_linear":
+        func = int8_linear(model["m"], model["n"], model["k"], model["scale"])
     else:
         func = matmul(tuple(model["a"]), tuple(model["b"]))
     return {"op": "tir", "tvmscript": func.script()}
@@ -281,6 +314,15 @@ def torch_fn(model: dict[str, Any], inputs: list[np.ndarray], torch: Any) -> tup
     if model["kind"] == "softmax":
         (x,) = t
         return (lambda: torch.softmax(x, -1)), "torch.softmax(x, -1)"
+    if model["kind"] == "int8_linear":
+        x, w_kn = t  # the weight as the task takes it: [k, n]
+        s = float(np.float32(model["scale"]))
+
+        def requantized() -> Any:
+            y = torch._int_mm(x, w_kn).to(torch.float32) * s
+            return torch.clamp(torch.round(y), -128, 127).to(torch.int8)
+
+        return requantized, "torch._int_mm(x_u8, w) -> round(· scale), clamp, int8"
     if model["kind"] == "norm":
         x, g, *beta = t
         cols = (x.shape[-1],)

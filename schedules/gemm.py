@@ -80,6 +80,8 @@ class GemmX86(StructuralTemplate):
         g = match_gemm(workload)
         if not isinstance(g, GemmMatch):
             return g.reason
+        if g.dtype != "float32":
+            return f"a {g.dtype} GEMM, not float32 (dense-int8-vnni's)"
         if not is_x86(target):
             return "not an x86 LLVM target"
         rows = g.m * g.batch_size if g.shared_weight else g.m

@@ -1,6 +1,13 @@
-"""int8 dense with AVX512-VNNI on x86: `dense-int8-vnni`.
+"""int8 GEMMs with AVX512-VNNI on x86: `dense-int8-vnni`.
 
     Y[M, N] int32 = X[M, K] uint8 . W[N, K]^T int8           (topi.nn.dense, out_dtype int32)
+
+Matched by structure (`schedules/match.py`, GemmMatch.dtype INT8): the op spec `dense_int8`, and
+any PrimFunc whose first block is that GEMM with the weight [N, K] or [K, N] (relax's
+`R.matmul(x, w, out_dtype="int32")` of a bound weight comes as [K, N]), int32 or int64 indices,
+followed by elementwise blocks (a requantization: cast, scale, round, clip, cast to int8). Those
+are folded into one block computed per parallel tile, right after the tile's accumulators are
+complete (not a separate pass over the output), vectorized over 16 columns.
 
 The weight is packed INSIDE the program into a FIXED layout Wp[N/16, K/4, 16, 4] (cache_read of W
 + transform_layout), and that block is annotated `meta_schedule.layout_rewrite_preproc`: it is the
@@ -37,9 +44,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from schedules.base import Template, cpu_postprocs
+from schedules.base import StructuralTemplate, cpu_postprocs, fold_epilogue, is_x86
 from schedules.intrinsics import VNNI_16x4_LLVM22, use
 from schedules.knobs import Categorical, DesignSpace, Fixed, PerfectTile, knob_table
+from schedules.match import INT8, GemmMatch, match_gemm
 from tuner.tvm_api import derived_object, ms
 from tuner.workloads import Workload
 
@@ -60,12 +68,17 @@ def has_vnni(target: Any) -> bool:
     return bool(tvm_ffi.get_global_func("target.llvm_cpu_has_feature")("avx512vnni", target))
 
 
-def pack_weight(sch: Any, block: Any) -> Any:
-    """cache_read the weight of `block` into the fixed packed layout and mark the copy as the
-    compile-time weight packing (dropped from the timed kernel by strip_layout_rewrite)."""
-    wp = sch.cache_read(block, 1, "global")
-    sch.transform_layout(wp, ("write", 0),
-                         lambda n, k: (n // LANES, k // GROUP, n % LANES, k % GROUP))
+def pack_weight(sch: Any, block: Any, read: int = 1, axes: str = "jk") -> Any:
+    """cache_read the weight of `block` (its read `read`, indexed [N, K] for axes "jk", [K, N]
+    for "kj") into the fixed packed layout and mark the copy as the compile-time weight packing
+    (dropped from the timed kernel by strip_layout_rewrite)."""
+    wp = sch.cache_read(block, read, "global")
+    if axes == "jk":
+        sch.transform_layout(wp, ("write", 0),
+                             lambda n, k: (n // LANES, k // GROUP, n % LANES, k % GROUP))
+    else:
+        sch.transform_layout(wp, ("write", 0),
+                             lambda k, n: (n // LANES, k // GROUP, n % LANES, k % GROUP))
     sch.annotate(wp, "meta_schedule.layout_rewrite_preproc", True)
     return wp
 
@@ -98,14 +111,14 @@ class RegisterBudget(ms.postproc.PyPostproc):
         return RegisterBudget(self.registers)
 
 
-class DenseInt8VNNI(Template):
+class DenseInt8VNNI(StructuralTemplate):
     name = "dense-int8-vnni"
-    ops = ("dense_int8",)
+    ops = ("dense_int8", "tir")
     description = ("uint8 x int8 -> int32 dense on AVX512-VNNI: weight packed once to "
                    "[N/16, K/4, 16, 4] (layout-rewrite preproc, not timed), register-blocked "
                    "micro-kernel of rows x 16-lane accumulators tensorized with vpdpbusd "
-                   f"({VNNI_16x4_LLVM22}), k blocking, parallel outer tiles. Needs N % 16 == 0 "
-                   "and K % 4 == 0.")
+                   f"({VNNI_16x4_LLVM22}), k blocking, parallel outer tiles, an elementwise "
+                   "epilogue (requantization) per tile. Needs N % 16 == 0 and K % 4 == 0.")
     tensorize = True  # RewriteTensorize tensorizes the blockized 16x4 update, vectorizes the init
     KNOBS = knob_table(
         # sampled in this order: RegisterBudget reads the first two perfect tiles as (rows, vectors)
@@ -130,19 +143,31 @@ class DenseInt8VNNI(Template):
                                  "traces replay with any tile decisions"),
     )
 
-    def applies(self, workload: Workload, target: Any) -> bool:
-        if not super().applies(workload, target) or not has_vnni(target):
-            return False
-        _, n, k = workload.spec["shape"]
-        return n % LANES == 0 and k % GROUP == 0
+    def why_not(self, workload: Workload, target: Any) -> str | None:
+        g = match_gemm(workload)
+        if not isinstance(g, GemmMatch):
+            return g.reason
+        if g.dtype != INT8:
+            return f"a {g.dtype} GEMM, not uint8 x int8 -> int32"
+        if g.batch:
+            return "a batched int8 GEMM (only [M, K] x [K, N] is served)"
+        if not is_x86(target) or not has_vnni(target):
+            return "the target has no AVX512-VNNI"
+        if g.n % LANES or g.k % GROUP:
+            return f"N={g.n} is not a multiple of {LANES} or K={g.k} not of {GROUP}"
+        return None
 
     def knob_extents(self, workload: Workload) -> dict[str, int]:
-        m, n, k = workload.spec["shape"]
-        return {"rows": m, "vectors": n // LANES, "k_block": k // GROUP}
+        g = match_gemm(workload)
+        assert isinstance(g, GemmMatch)
+        return {"rows": g.m, "vectors": g.n // LANES, "k_block": g.k // GROUP}
 
     def schedule(self, sch: Any, workload: Workload, target: Any, *, order: str) -> None:
-        block = sch.get_sblock("T_matmul_NT")
-        pack_weight(sch, block)
+        g = match_gemm(workload)
+        assert isinstance(g, GemmMatch), g
+        block, *epilogue = sch.get_child_blocks(sch.get_sblock("root"))[g.block:]
+        epi = fold_epilogue(sch, epilogue)
+        pack_weight(sch, block, g.weight, g.weight_axes[-2:])
         i, j, k = sch.get_loops(block)
         j, j16 = sch.split(j, [None, LANES])
         k, k4 = sch.split(k, [None, GROUP])
@@ -153,6 +178,10 @@ class DenseInt8VNNI(Template):
         sch.reorder(i0, j0, k0, *mid, k1, i2, j2, j16, k4)
         sch.unroll(i2)
         sch.unroll(j2)
+        if epi is not None:  # after the tile's last k0 pass: its accumulators are complete
+            sch.reverse_compute_at(epi, j0, preserve_unit_loops=True)
+            _, lanes = sch.split(sch.get_loops(epi)[-1], [None, LANES])
+            sch.vectorize(lanes)
         # the 16x4 (j16, k4) tile becomes one block that RewriteTensorize maps onto vpdpbusd
         inner = sch.blockize(j16)
         sch.annotate(inner, "meta_schedule.auto_tensorize", use(VNNI_16x4_LLVM22))

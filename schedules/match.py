@@ -8,7 +8,8 @@ does not match, the reason (`NoMatch`), which `tunefarm spaces --tvmscript` prin
 - one GEMM block first: spatial iterators then one reduction iterator k, body
   `C[*b, i, j] = C[*b, i, j] + A[*b, i, k] * W[...]` (either factor order), init `C = 0`, where W
   is indexed `[*b, k, j]` (matmul), `[*b, j, k]` (dense: the weight transposed) or without the batch
-  iterators (broadcast); all float32;
+  iterators (broadcast); all float32, or (`dtype` INT8) C int32 = uint8 A times int8 W, each
+  factor cast to int32 (`dense-int8-vnni`'s GEMMs: the op spec, relax's int8 matmul);
 - then any number of elementwise epilogue blocks (bias, residual add, relu, gelu in erf or tanh
   form, scaling, casts): spatial iterators over C's shape, one store at exactly its iterators, and
   loads either of an earlier block's result at exactly its iterators or of a parameter at a
@@ -31,6 +32,7 @@ from tuner.tvm_api import tvm, tvm_ffi
 from tuner.workloads import Workload
 
 DATA_PAR, COMM_REDUCE = 0, 2  # tvm.tirx.IterVar kinds
+INT8 = "uint8*int8->int32"  # GemmMatch.dtype of a quantized GEMM (dense-int8-vnni's)
 
 
 @dataclass(frozen=True)
@@ -44,6 +46,7 @@ class GemmMatch:
     weight: int  # index of the weight among the GEMM block's reads
     weight_axes: str  # the weight's dims in order, of "b" (batch), "j" (N) and "k" (K)
     epilogue: int  # elementwise blocks after the GEMM
+    dtype: str = "float32"  # or INT8: uint8 A x int8 W, each cast to int32, C int32
 
     @property
     def layout(self) -> str:
@@ -85,9 +88,28 @@ def loads(expr: Any) -> list[Any]:
     return out
 
 
-def _gemm_block(b: Any) -> tuple[int, int, int, int, int, int, str] | str:
-    """(batch, batch size, m, n, k, weight read index, weight axes) of a GEMM block, or why it
-    is not one."""
+def _operand(e: Any) -> Any:
+    """The load under an int32 cast (how an int8 GEMM widens its operands), or `e` itself."""
+    if isinstance(e, tvm.tirx.Cast) and str(e.ty.dtype) == "int32":
+        return e.value
+    return e
+
+
+def _gemm_dtype(c: Any, a: Any, w: Any, init: Any, cast: bool) -> str | None:
+    """GemmMatch.dtype of C = init; C += A * W (A, W loads, `cast`: each under an int32 cast)."""
+    types = [str(x.source.dtype) for x in (a, w)]
+    if not cast and str(c.dtype) == "float32" and types == ["float32"] * 2 \
+            and isinstance(init, tvm.tirx.FloatImm) and float(init.value) == 0.0:
+        return "float32"
+    if cast and str(c.dtype) == "int32" and sorted(types) == ["int8", "uint8"] \
+            and isinstance(init, tvm.tirx.IntImm) and int(init.value) == 0:
+        return INT8
+    return None
+
+
+def _gemm_block(b: Any) -> tuple[int, int, int, int, int, int, str, str] | str:
+    """(batch, batch size, m, n, k, weight read index, weight axes, dtype) of a GEMM block, or
+    why it is not one."""
     kinds = [int(iv.iter_type) for iv in b.iter_vars]
     if len(kinds) < 3 or kinds[-1] != COMM_REDUCE or any(k != DATA_PAR for k in kinds[:-1]):
         return "its first block is not spatial iterators followed by one reduction"
@@ -101,16 +123,23 @@ def _gemm_block(b: Any) -> tuple[int, int, int, int, int, int, str] | str:
     spatial = [*bat, iv, jv]
     if len(st.indices) != len(spatial) or not all(map(is_var, st.indices, spatial)):
         return "the reduction does not store C at its spatial iterators"
-    if not (isinstance(init.value, tvm.tirx.FloatImm) and float(init.value.value) == 0.0):
+    if not (isinstance(init.value, tvm.tirx.FloatImm | tvm.tirx.IntImm)
+            and float(init.value.value) == 0.0):
         return "the reduction does not start from 0"
     v = st.value
     if not (isinstance(v, tvm.tirx.Add) and isinstance(v.b, tvm.tirx.Mul)
             and isinstance(v.a, tvm.ir.TensorLoad) and v.a.source.same_as(st.buffer)
             and all(map(is_var, v.a.indices, spatial))
-            and isinstance(v.b.a, tvm.ir.TensorLoad) and isinstance(v.b.b, tvm.ir.TensorLoad)):
+            and isinstance(_operand(v.b.a), tvm.ir.TensorLoad)
+            and isinstance(_operand(v.b.b), tvm.ir.TensorLoad)):
         return "the reduction is not C += A * B"
-    if any(str(x.dtype) != "float32" for x in (st.buffer, v.b.a.source, v.b.b.source)):
-        return "a GEMM operand is not float32"
+    cast = isinstance(v.b.a, tvm.tirx.Cast)
+    if cast != isinstance(v.b.b, tvm.tirx.Cast):
+        return "one GEMM operand is cast to int32 and the other is not"
+    dtype = _gemm_dtype(st.buffer, _operand(v.b.a), _operand(v.b.b), init.value, cast)
+    if dtype is None:
+        return ("the GEMM is neither float32 nor uint8 x int8 widened to int32 "
+                "(the operands a GEMM template serves)")
     named = [*(("b", x) for x in bat), ("i", iv), ("j", jv), ("k", kv)]
 
     def axes(load: Any) -> str | None:  # "bik" for A[b, i, k]; None for any other index
@@ -123,8 +152,8 @@ def _gemm_block(b: Any) -> tuple[int, int, int, int, int, int, str] | str:
         return out
 
     want_a = "b" * len(bat) + "ik"
-    a_axes, w_axes = axes(v.b.a), axes(v.b.b)
-    a, w = v.b.a, v.b.b
+    a, w = _operand(v.b.a), _operand(v.b.b)
+    a_axes, w_axes = axes(a), axes(w)
     if a_axes != want_a:
         a_axes, w_axes, a, w = w_axes, a_axes, w, a
     if a_axes != want_a:
@@ -140,7 +169,9 @@ def _gemm_block(b: Any) -> tuple[int, int, int, int, int, int, str] | str:
     if len(idx) != 1 or w.source.same_as(a.source):
         return "the weight is not one distinct read of the block"
     dims = [int(e.value) for e in ext]
-    return len(bat), math.prod(dims[:-3]), dims[-3], dims[-2], dims[-1], idx[0], w_axes
+    if dtype == INT8 and (str(a.source.dtype), str(w.source.dtype)) != ("uint8", "int8"):
+        return "an int8 GEMM's activations [*batch, i, k] are not the uint8 operand"
+    return len(bat), math.prod(dims[:-3]), dims[-3], dims[-2], dims[-1], idx[0], w_axes, dtype
 
 
 def epilogue_problem(blocks: list[Any], c_shape: list[int], written: list[Any],
@@ -177,7 +208,7 @@ def match_gemm_func(func: Any) -> GemmMatch | NoMatch:
     got = _gemm_block(blocks[0])
     if isinstance(got, str):
         return NoMatch(got)
-    batch, batch_size, m, n, k, weight, w_axes = got
+    batch, batch_size, m, n, k, weight, w_axes, dtype = got
     params = list(func.params)
     c = blocks[0].body.buffer
     rest = blocks[1:]
@@ -188,7 +219,7 @@ def match_gemm_func(func: Any) -> GemmMatch | NoMatch:
     why = epilogue_problem(rest, [int(d) for d in c.shape], [c], params)
     if why is not None:
         return NoMatch(why)
-    return GemmMatch(0, batch, batch_size, m, n, k, weight, w_axes, len(rest))
+    return GemmMatch(0, batch, batch_size, m, n, k, weight, w_axes, len(rest), dtype)
 
 
 def match_gemm(workload: Workload) -> GemmMatch | NoMatch:

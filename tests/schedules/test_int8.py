@@ -140,3 +140,28 @@ def test_unpacked_tensorization_is_caught_as_wrong() -> None:
     res = measure_one(good, _Prepared(w.spec), lambda msg: None)
     assert res.invalidity == Invalidity.OK, res.error_msg
     assert res.max_abs_err == 0.0
+
+
+def test_relax_int8_gemm_with_requantization_gets_the_template() -> None:
+    """Matched by structure: relax's int8 matmul of a bound weight ([K, N]), int64 indices, its
+    requantization (cast, scale, round, clip, cast to int8) folded in per tile; float32 GEMMs and
+    batched int8 ones are not this template's."""
+    from bench import fused as relax_tasks
+    from schedules import registry
+    from tests.schedules.test_spaces import X86, check_outputs, sample_points
+
+    wl = parse_spec({"op": "tir", "tvmscript": relax_tasks.int8_linear(32, 64, 48).script()})
+    target = tv.make_target(TARGET)
+    assert registry.resolve("default", wl, target) == "dense-int8-vnni"
+    assert "not float32" in TEMPLATES["gemm-x86"].why_not(wl, target)
+    floats = parse_spec({"op": "tir", "tvmscript": relax_tasks.linear(32, 64, 48).script()})
+    assert "not uint8 x int8" in TEMPLATES["dense-int8-vnni"].why_not(floats, target)
+    assert TEMPLATES["dense-int8-vnni"].knobs(wl)["vectors"]["extent"] == 4
+    if not int8.has_vnni(X86):
+        return  # the rest runs the kernels
+    points = sample_points(registry.space_generator("dense-int8-vnni", wl, X86), wl, X86, n=3)
+    assert len(points) == 6  # two design spaces (loop orders)
+    for sch in points:
+        text = sch.mod.script()
+        assert "vpdpbusd" in text and text.count("T.sblock(\"compute") == 1, text
+        check_outputs(sch, wl, X86)  # exact: the output is int8

@@ -11,7 +11,7 @@ import pytest
 
 from bench import fused as relax_tasks
 from schedules import registry
-from schedules.match import GemmMatch, NoMatch, match_gemm_func
+from schedules.match import INT8, GemmMatch, NoMatch, match_gemm_func
 from schedules.match_conv import (
     ConvMatch,
     DepthwiseMatch,
@@ -54,6 +54,16 @@ def test_relax_tasks_with_epilogues_are_matched() -> None:
     assert g.layout == "matmul"  # FoldConstant transposed the bound weight: [K, N]
     g = match_gemm_func(relax_tasks.matmul((2, 32, 64), (64, 48)))  # broadcast weight
     assert isinstance(g, GemmMatch) and g.batch == 1 and g.weight_axes == "kj"
+    assert g.dtype == "float32"
+
+
+def test_an_int8_gemm_with_its_requantization_is_matched() -> None:
+    # relax: matmul (operands cast to int32), cast to float32, multiply, round, clip, cast
+    g = match_gemm_func(relax_tasks.int8_linear(32, 48, 64))
+    assert isinstance(g, GemmMatch) and (g.m, g.n, g.k, g.epilogue) == (32, 48, 64, 5)
+    assert g.dtype == INT8 and g.weight_axes == "kj"
+    g = match_gemm_func(parse_spec({"op": "dense_int8", "shape": [8, 32, 16]}).prim_func())
+    assert isinstance(g, GemmMatch) and g.dtype == INT8 and g.layout == "dense"
 
 
 @pytest.mark.parametrize(("func", "why"), [
@@ -63,10 +73,26 @@ def test_relax_tasks_with_epilogues_are_matched() -> None:
     (lambda: parse_spec({"op": "matmul", "shape": [8, 8, 8], "dtype": "float64"}).prim_func(),
      "float32"),
     (lambda: _transposed_a(), "transposed A"),
+    (lambda: _int8_gemm("int16", "int8"), "neither float32 nor uint8 x int8"),
+    (lambda: _int8_gemm("int8", "uint8"), "activations [*batch, i, k] are not the uint8"),
+    (lambda: _int8_gemm("uint8", "int32", cast_b=False), "one GEMM operand is cast"),
 ])
 def test_what_is_not_served_says_why(func: Any, why: str) -> None:
     got = match_gemm_func(func())
     assert isinstance(got, NoMatch) and why in got.reason, got
+
+
+def _int8_gemm(a_dtype: str, b_dtype: str, *, cast_b: bool = True) -> Any:
+    """C[i, j] int32 += A[i, k] * B[k, j], each cast to int32 (or B not cast)."""
+    from tuner.tvm_api import te
+
+    a = te.placeholder((16, 32), a_dtype, name="A")
+    b = te.placeholder((32, 48), b_dtype, name="B")
+    k = te.reduce_axis((0, 32), name="k")
+    c = te.compute((16, 48), lambda i, j: te.sum(
+        a[i, k].astype("int32") * (b[k, j].astype("int32") if cast_b else b[k, j]), axis=k),
+        name="C")
+    return te.create_prim_func([a, b, c])
 
 
 def _transposed_a() -> Any:
