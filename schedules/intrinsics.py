@@ -12,25 +12,18 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import linecache
 import re
 from collections.abc import Callable
 from typing import Any
 
+from schedules.polynomial import let as _let
+from schedules.polynomial import pin_source
+from schedules.polynomial import vexp as _vexp
+from schedules.row_intrinsics import ROW_PATTERNS
 from tuner.tvm_api import load_tensor_intrins, tvm
 
 T = tvm.script.tirx  # `from tvm.script import tirx as T`, without importing tvm here
 TensorIntrin = tvm.s_tir.TensorIntrin
-
-
-def pin_source(path: str) -> None:
-    """TVMScript parses a function from its source file (through `linecache`) when the factory
-    runs, which in a long-running worker may be days after this import. Keep the source as it was
-    imported (an entry without mtime is never invalidated): an upgrade of the file on disk must
-    not shift the lines a later parse reads ("Function must be decorated")."""
-    lines = linecache.getlines(path)
-    if lines:
-        linecache.cache[path] = (sum(map(len, lines)), None, lines, path)
 
 
 pin_source(__file__)
@@ -141,21 +134,12 @@ _FACTORIES[VNNI_16x4_LLVM22] = _vnni_intrin
 #
 # The description is the body of topi.nn.softmax's T_softmax_exp block, so `tensorize` maps that
 # block's vector loop onto it. LLVM lowers a vector `T.exp` to one libm `expf` call per lane (about
-# 2.5 ns each here); this implementation is the Cephes polynomial that topi.fast_exp uses (range
-# reduction to 2^n * e^f, |f| <= ln2/2, degree-7 polynomial) with a two-constant (Cody-Waite)
-# ln2. Relative error < 3e-7 over [-87.3, 88.72] (~7e-8 over softmax's usual [-2, 0]; see
-# tests/schedules/test_softmax.py). Outside: below -88.38 it returns 0 (true value < 5e-39),
-# above 88.72 it saturates at e^88.72 (true value: inf or near FLT_MAX); NaN does not propagate
-# (the clamp turns it into e^88.72), so a softmax row holding NaN, +inf, or only -inf is not the
-# NaN row numpy gives. Finite rows and -inf entries (masks) are handled: e^-inf = 0.
+# 2.5 ns each here); this implementation is `vexp` (schedules/polynomial.py, which gives its
+# accuracy and range). NaN does not propagate (the clamp turns it into e^88.72), so a softmax row
+# holding NaN, +inf, or only -inf is not the NaN row numpy gives. Finite rows and -inf entries
+# (masks) are handled: e^-inf = 0.
 
 EXP_SUB_F32 = "exp_sub_f32x{lanes}"  # .format(lanes=16)
-
-_EXP_HI, _EXP_LO = 88.72, -88.3762626647949  # e^88.72 < FLT_MAX
-_LOG2E = 1.44269504088896341
-_LN2_HI, _LN2_LO = 0.693359375, -2.12194440e-4
-_P = (1.9875691500e-4, 1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2, 1.6666665459e-1,
-      5.0000001201e-1)
 
 
 def _exp_sub_intrin(lanes: int) -> tuple[object, object]:
@@ -186,33 +170,6 @@ def _exp_sub_intrin(lanes: int) -> tuple[object, object]:
                                                     lanes)
 
     return desc, impl
-
-
-def _vexp(x: Any, lanes: int) -> Any:
-    """exp of a float32 vector expression: the polynomial described above."""
-    def bc(c: float) -> Any:
-        return T.broadcast(T.float32(c), lanes)
-
-    def body(x: Any) -> Any:
-        # n <= 127: 2^n stays a normal float (x near 88.72 has n = 128, f ~ -ln2/2 + ln2)
-        return _let(T.min(T.floor(x * bc(_LOG2E) + bc(0.5)), bc(127.0)), lambda n: _let(
-            x - n * bc(_LN2_HI) - n * bc(_LN2_LO), lambda f: (
-                (((((bc(_P[0]) * f + bc(_P[1])) * f + bc(_P[2])) * f + bc(_P[3])) * f
-                  + bc(_P[4])) * f + bc(_P[5])) * f * f + f + bc(1.0))
-            * T.reinterpret(T.shift_left(T.Cast(f"int32x{lanes}", n)
-                                         + T.broadcast(T.int32(127), lanes),
-                                         T.broadcast(T.int32(23), lanes)),
-                            dtype=f"float32x{lanes}")))
-
-    return _let(T.max(T.min(x, bc(_EXP_HI)), bc(_EXP_LO)), body)
-
-
-def _let(value: Any, body: Callable[[Any], Any]) -> Any:
-    """`body(v)` with v bound to `value` once (a Let): a value used several times is computed
-    once, and the expression stays a tree of linear size for codegen."""
-    dtype = getattr(value, "dtype", None) or value.ty.dtype
-    var = tvm.tirx.Var("v", dtype)
-    return tvm.tirx.Let(var, value, body(var))
 
 
 for _lanes in (4, 8, 16):
@@ -395,5 +352,4 @@ _FACTORIES[USDOT_INTRIN] = lambda: _usdot_intrin("global")
 _FACTORIES[USDOT_LOCAL_INTRIN] = lambda: _usdot_intrin("local")
 
 
-# the whole-row intrinsics register their name patterns (they use _vexp and _let from here)
-from schedules import row_intrinsics as _row_intrinsics  # noqa: E402, F401
+_PATTERNS.extend(ROW_PATTERNS)

@@ -12,7 +12,7 @@ the intrinsic body handles the partial vector without a predicate:
   Up to 4 independent vector accumulators, then a halving tree of shuffles. The last, partial
   vector is X[n - lanes : n] with the lanes already counted replaced by the reduction's identity
   (a select, no mask register needed);
-- `exp_sub_f32x{lanes}_n{n}`: Y = exp(X - M[0]) by the polynomial of `schedules/intrinsics.py`;
+- `exp_sub_f32x{lanes}_n{n}`: Y = exp(X - M[0]) by the polynomial of `schedules/polynomial.py`;
 - `div_bcast_{recip|div}_f32x{lanes}_n{n}`: Y = E / S[0], as a multiplication by the reciprocal or
   as a division (the two design spaces of softmax-x86).
 The elementwise two write the last vector at X[n - lanes : n] again: those lanes overlap the
@@ -30,11 +30,11 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from schedules import intrinsics as intrin
+from schedules.polynomial import let, pin_source, vexp
 from tuner.tvm_api import tvm
 
 T = tvm.script.tirx
-intrin.pin_source(__file__)
+pin_source(__file__)
 
 ROW_MAX = "row_max_f32x{lanes}_n{n}"
 ROW_SUM = "row_sum_f32x{lanes}_n{n}"
@@ -67,7 +67,7 @@ def _reduce(x: Any, n: int, lanes: int, combine: Callable[[Any, Any], Any], iden
     acc, width = chains[0], lanes
     while width > 1:
         width //= 2
-        acc = intrin._let(acc, functools.partial(_halves, combine, width))
+        acc = let(acc, functools.partial(_halves, combine, width))
     return acc
 
 
@@ -152,7 +152,7 @@ def _exp_sub_intrin(lanes: int, n: int) -> tuple[Any, Any]:
     """Y = exp(X - M[0]): softmax's exp block."""
     return _elementwise_intrin(
         lambda x, m: T.exp(x - m),
-        lambda x, m: intrin._vexp(x - T.broadcast(m, lanes), lanes), lanes, n)
+        lambda x, m: vexp(x - T.broadcast(m, lanes), lanes), lanes, n)
 
 
 def _div_intrin(how: str, lanes: int, n: int) -> tuple[Any, Any]:
@@ -181,8 +181,9 @@ def _sized(make: Callable[..., tuple[Any, Any]]) -> Callable[[re.Match[str]], An
     return build
 
 
-intrin._PATTERNS.extend([
+# name families `schedules/intrinsics.py` registers: regex -> (match -> (desc, impl) or None)
+ROW_PATTERNS: list[tuple[re.Pattern[str], Callable[[re.Match[str]], tuple[Any, Any] | None]]] = [
     (re.compile(r"row_(max|sum)_f32x(\d+)_n(\d+)"), _sized(_reduce_intrin)),
     (re.compile(r"exp_sub_f32x(\d+)_n(\d+)"), _sized(_exp_sub_intrin)),
     (re.compile(r"div_bcast_(recip|div)_f32x(\d+)_n(\d+)"), _sized(_div_intrin)),
-])
+]

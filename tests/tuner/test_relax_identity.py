@@ -214,14 +214,15 @@ from tuner.db.ms_database import TunefarmDatabase
 from tuner.tvm_api import make_target, tvm
 
 target = make_target("host")
+cols = int(sys.argv[2])
 mod = relax.transform.LegalizeOps()(
-    model({"x": (64, 128)}, lambda bb, x: relax.op.nn.softmax(x, axis=-1)))
+    model({"x": (64, cols)}, lambda bb, x: relax.op.nn.softmax(x, axis=-1)))
 db = TunefarmDatabase(Store(sys.argv[1]))
 with target, db:
     mod = relax.transform.MetaScheduleApplyDatabase()(mod)
 (func,) = [f for f in mod.functions.values() if isinstance(f, tvm.tirx.PrimFunc)]
 assert func.attrs.get("tirx.is_scheduled", False), "the softmax record was not applied"
-x = np.random.default_rng(0).uniform(-4, 4, (64, 128)).astype("float32")
+x = np.random.default_rng(0).uniform(-4, 4, (64, cols)).astype("float32")
 got = relax.VirtualMachine(tvm.compile(mod, target=target), tvm.cpu())["main"](
     tvm.runtime.tensor(x)).numpy()
 e = np.exp(x.astype("float64") - x.max(axis=-1, keepdims=True))
@@ -230,16 +231,18 @@ print(float(np.abs(got - e / e.sum(axis=-1, keepdims=True)).max()))
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("cols", [128, 197])
 def test_a_record_naming_tensor_intrinsics_is_applied_in_a_fresh_relax_process(
-        tmp_path: Path) -> None:
+        tmp_path: Path, cols: int) -> None:
     # softmax-x86 tensorizes with tunefarm's own intrinsics: a process that only imports
-    # TunefarmDatabase must still be able to replay its records
+    # TunefarmDatabase must still be able to replay its records; rows of 197 use the whole-row
+    # intrinsics, whose names carry the row length
     url = f"sqlite:///{tmp_path / 'tf.db'}"
-    tune = subprocess.run([sys.executable, "-m", "tuner", "tune", "softmax", "--shape", "64,128",
-                           "--trials", "4", "--db", url],
+    tune = subprocess.run([sys.executable, "-m", "tuner", "tune", "softmax", "--shape",
+                           f"64,{cols}", "--trials", "4", "--db", url],
                           cwd=REPO, capture_output=True, text=True, timeout=300, check=False)
     assert tune.returncode == 0, tune.stdout[-2000:] + tune.stderr[-2000:]
-    run = subprocess.run([sys.executable, "-c", SOFTMAX, url], cwd=REPO, capture_output=True,
-                         text=True, timeout=300, check=False)
+    run = subprocess.run([sys.executable, "-c", SOFTMAX, url, str(cols)], cwd=REPO,
+                         capture_output=True, text=True, timeout=300, check=False)
     assert run.returncode == 0, run.stderr[-3000:]
     assert float(run.stdout.strip().splitlines()[-1]) < 1e-5
