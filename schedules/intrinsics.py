@@ -32,7 +32,7 @@ pin_source(__file__)
 _FACTORIES: dict[str, Callable[[], tuple[Any, Any]]] = {}
 # families of names with parameters (whole-row intrinsics: schedules/row_intrinsics.py): a regex
 # over the name -> (match -> (description, implementation), or None for parameters out of range)
-_PATTERNS: list[tuple[re.Pattern[str], Callable[[re.Match[str]], tuple[Any, Any] | None]]] = []
+_PATTERNS = ROW_PATTERNS
 # TVM's own intrinsics by name prefix -> the tvm.s_tir.tensor_intrin module that registers them
 _TVM_MODULES = {"wmma_": "cuda"}
 
@@ -351,5 +351,3 @@ def _usdot_intrin(acc_scope: str) -> tuple[Any, Any]:
 _FACTORIES[USDOT_INTRIN] = lambda: _usdot_intrin("global")
 _FACTORIES[USDOT_LOCAL_INTRIN] = lambda: _usdot_intrin("local")
 
-
-_PATTERNS.extend(ROW_PATTERNS)
