@@ -4,8 +4,8 @@ Every module of tuner/, workers/, api/ and schedules/ is read as source (its AST
 functions count, relative imports are resolved, imports under `if TYPE_CHECKING:` do not run and
 do not count). Each module belongs to one layer, low to high:
 
-    0 core       tuner.tvm_api, errors, config, signals, isolation, targets, workloads, db, measure,
-                 queue, logs, telemetry
+    0 core       tuner.tvm_api, errors, config, signals, isolation, lean, targets, workloads, db,
+                 measure, queue, logs, telemetry
     1 schedules  schedules
     2 search     tuner.search, tuner.records, tuner.db.ms_database (MetaSchedule's view of the
                  store: it replays traces, so it needs the schedules' intrinsics),
@@ -39,8 +39,8 @@ PACKAGES = ("tuner", "workers", "api", "schedules")
 # different packages may not import each other, except in core (layer 0).
 LAYERS: list[tuple[int, str, tuple[str, ...]]] = [
     (0, "core", ("tuner", "tuner.tvm_api", "tuner.errors", "tuner.config", "tuner.signals",
-                 "tuner.isolation", "tuner.targets", "tuner.workloads", "tuner.db", "tuner.measure",
-                 "tuner.queue", "tuner.logs", "tuner.telemetry")),
+                 "tuner.isolation", "tuner.lean", "tuner.targets", "tuner.workloads", "tuner.db",
+                 "tuner.measure", "tuner.queue", "tuner.logs", "tuner.telemetry")),
     (1, "schedules", ("schedules",)),
     (2, "tuner.search", ("tuner.search", "tuner.records", "tuner.db.ms_database",
                          "tuner.db.ms_json", "tuner.model")),

@@ -35,6 +35,9 @@ class Settings(BaseSettings):
     repeats: int = 5
     cache_flush: bool = False
     num_threads: int | None = None  # None: the target's num-cores (else this machine's cores)
+    # a candidate whose first timed repeat is slower than the job's best times this is timed
+    # once only (0: every candidate gets `repeats`)
+    prune_factor: float = Field(default=1.5, ge=0.0)
     noise_cv: float = 0.10  # records whose samples vary more than this (stdev/mean) are "noisy"
 
     # search

@@ -18,6 +18,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from tuner import lean
 from tuner.isolation import Limits, child_env
 from tuner.measure import Invalidity, MeasureInput
 from workers.evaluate import first_line
@@ -114,8 +115,7 @@ def _sandboxed_pool(limits: Limits, build_dir: str) -> type:
                 return
             main_read, worker_write = os.pipe()
             worker_read, main_write = os.pipe()
-            cmd = [sys.executable, "-m", "tvm.exec.popen_worker", str(worker_read),
-                   str(worker_write)]
+            cmd = lean.argv("tvm.exec.popen_worker", str(worker_read), str(worker_write))
             self._proc = subprocess.Popen(
                 cmd, pass_fds=(worker_read, worker_write), stdout=self._stdout,
                 stderr=self._stderr, env=child_env({"TMPDIR": build_dir, "HOME": build_dir}),

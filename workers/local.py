@@ -26,6 +26,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from tuner import lean
 from tuner.isolation import Limits, child_env
 from tuner.measure import Invalidity, MeasureInput, Measurer, MeasureResult
 from workers.builder import Built, Prebuilder
@@ -62,7 +63,7 @@ class _Child:
         r_fd, w_fd = os.pipe()
         self.log_path = log_path
         self._log = open(log_path, "ab")  # noqa: SIM115 - closed in kill()
-        argv = [sys.executable, "-m", "workers.sandbox", str(w_fd)]
+        argv = lean.argv("workers.sandbox", str(w_fd))
         if ids is not None and not limits.can_exec(sys.executable):
             # the unprivileged user cannot run this interpreter: the child drops itself to it
             # once its imports are done, before it reads any candidate

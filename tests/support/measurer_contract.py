@@ -242,3 +242,18 @@ class MeasurerContract:
             assert first.max_abs_err is not None and first.max_abs_err < 1e-3
             assert slower.max_abs_err is None
             assert faster.max_abs_err is not None and faster.max_abs_err < 1e-3
+
+    def test_a_kernel_far_slower_than_the_best_is_timed_once(self, backend: Backend) -> None:
+        """With a best to beat and a prune factor, a kernel whose first repeat is slower than
+        best x factor gets no more repeats; one within it gets all of them."""
+        m = backend.measurer
+        base = backend.input(MATMUL, "prune", trace_json=matmul_trace(8, parallel=False))
+
+        def against(trial: str, best_s: float) -> MeasureInput:
+            return replace(base, trial_id=f"{base.trial_id}-{trial}",
+                           options=replace(base.options, verify_below_s=best_s, prune_factor=1.5))
+
+        far = m.measure_one(against("far", 1e-9))
+        near = m.measure_one(against("near", 10.0))
+        assert far.ok and len(far.latencies_s) == 1 and far.latencies_s[0] > 1.5e-9, far.error_msg
+        assert near.ok and len(near.latencies_s) == 3, near.error_msg

@@ -74,3 +74,33 @@ def test_cache_flush_times_single_calls_without_calibration() -> None:
     (only,) = rt.evaluators
     assert only["number"] == 1 and only["repeat"] == 3 and "f_preproc" in only
     assert rt.calls == 0
+
+
+@pytest.mark.parametrize("flush", [False, True])
+def test_a_kernel_slower_than_the_prune_limit_gets_one_repeat(flush: bool) -> None:
+    rt = FakeModule(per_call_s=400e-6)  # best 200 µs, factor 1.5: the limit is 300 µs
+    opts = MeasureOptions(min_repeat_ms=10, repeats=5, cache_flush=flush,
+                          verify_below_s=200e-6, prune_factor=1.5)
+    assert time_kernel(rt, [], opts, DEV) == (400e-6,)
+    assert rt.evaluators[-1]["repeat"] == 1
+
+
+@pytest.mark.parametrize("per_call_s", [250e-6, 100e-6])
+def test_a_kernel_within_the_prune_limit_gets_every_repeat(per_call_s: float) -> None:
+    rt = FakeModule(per_call_s=per_call_s)
+    opts = MeasureOptions(min_repeat_ms=10, repeats=5, verify_below_s=200e-6, prune_factor=1.5)
+    assert time_kernel(rt, [], opts, DEV) == (per_call_s,) * 5
+    first, rest = rt.evaluators[-2:]
+    assert (first["repeat"], rest["repeat"]) == (1, 4)
+    assert first["number"] == rest["number"]  # one calibration for all five repeats
+
+
+@pytest.mark.parametrize("opts", [
+    MeasureOptions(repeats=5, prune_factor=1.5),  # no best yet
+    MeasureOptions(repeats=5, verify_below_s=1e-6, prune_factor=0.0),  # pruning off
+    MeasureOptions(repeats=1, verify_below_s=1e-6, prune_factor=1.5),  # nothing to save
+])
+def test_without_a_limit_every_repeat_is_timed_at_once(opts: MeasureOptions) -> None:
+    rt = FakeModule(per_call_s=400e-6)
+    assert len(time_kernel(rt, [], opts, DEV)) == opts.repeats
+    assert rt.evaluators[-1]["repeat"] == opts.repeats

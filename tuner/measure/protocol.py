@@ -41,9 +41,14 @@ class MeasureOptions:
     run_timeout_s: float = 30.0
     num_threads: int = 1
     verify: bool = True
-    # programs with packed weights need a second build to verify: only when the kernel is faster
-    # than this (the best so far); None: always. Other programs are always verified.
+    # the job's best so far (None: no best yet). Programs with packed weights need a second
+    # build to verify: only when the kernel is faster than this. Other programs are always
+    # verified.
     verify_below_s: float | None = None
+    # a kernel whose first timed repeat is slower than `verify_below_s` times this is not timed
+    # again: one repeat is enough to know it is no new best (its record holds that one sample);
+    # 0: every kernel is timed `repeats` times
+    prune_factor: float = 0.0
 
     @classmethod
     def from_settings(cls, settings: Settings, target: dict[str, Any], *,
@@ -55,7 +60,7 @@ class MeasureOptions:
         return cls(min_repeat_ms=settings.min_repeat_ms, repeats=settings.repeats,
                    cache_flush=settings.cache_flush if cache_flush is None else cache_flush,
                    build_timeout_s=settings.build_timeout_s, run_timeout_s=settings.run_timeout_s,
-                   num_threads=threads)
+                   num_threads=threads, prune_factor=settings.prune_factor)
 
 
 def gflops(flops: float, seconds: float | None) -> float | None:

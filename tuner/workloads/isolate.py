@@ -37,6 +37,7 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
+from .. import lean
 from ..config import get_settings
 from ..errors import SpecError
 from ..isolation import Limits, child_env
@@ -94,7 +95,7 @@ def _parse_in_child(vetted: str) -> tuple[bool, Any]:
     # then starts as root with the limits set, imports, and drops itself before reading the text
     late_drop = limits.drop_ids() is not None and not limits.can_exec(sys.executable)
     start = limits.keep_root() if late_drop else limits
-    argv = [sys.executable, "-m", CHILD_MODULE] + ([f"--drop={limits.user}"] if late_drop else [])
+    argv = lean.argv(CHILD_MODULE, *([f"--drop={limits.user}"] if late_drop else []))
     request = json.dumps({"text": vetted, "max_tvmscript_bytes": settings.max_tvmscript_bytes,
                           "max_tvmscript_nodes": settings.max_tvmscript_nodes})
     tmp = tempfile.mkdtemp(prefix="tunefarm-parse-")

@@ -1,0 +1,81 @@
+"""`python -m tuner.lean MODULE ARGS`: children run their module without torch, whatever is
+installed, and see their own arguments (real processes)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from tuner import lean
+from tuner.isolation import child_env
+from workers.local import LocalMeasurer
+
+ROOT = Path(__file__).resolve().parents[2]
+
+PROBE = """\
+import json, sys
+from tuner import tvm_api  # imports tvm, whose tvm_ffi tries `import torch`
+try:
+    import torch  # noqa: F401
+    loaded = True
+except ImportError:
+    loaded = False
+print(json.dumps({"torch": loaded, "argv": sys.argv[1:], "name": __name__}))
+"""
+
+
+def _run(argv: list[str], tmp_path: Path) -> dict:
+    (tmp_path / "probe_child.py").write_text(PROBE)
+    env = child_env({"PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)])})
+    out = subprocess.run(argv, env=env, cwd=tmp_path, capture_output=True, text=True,
+                         timeout=120, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_a_lean_child_runs_its_module_without_torch(tmp_path: Path) -> None:
+    got = _run(lean.argv("probe_child", "7", "--drop=nobody"), tmp_path)
+    assert got == {"torch": False, "argv": ["7", "--drop=nobody"], "name": "__main__"}
+
+
+def test_without_lean_torch_is_whatever_is_installed(tmp_path: Path) -> None:
+    """The control: the same module started plainly imports torch when torch is installed
+    (this environment's answer, whatever it is, comes from the same probe)."""
+    import importlib.util
+
+    got = _run([sys.executable, "-m", "probe_child"], tmp_path)
+    assert got["torch"] is (importlib.util.find_spec("torch") is not None)
+
+
+def test_the_sandbox_and_build_processes_start_lean() -> None:
+    with LocalMeasurer(build_workers=1) as m:
+        child = m._start_child(1)
+        cmdline = Path(f"/proc/{child.proc.pid}/cmdline").read_bytes().split(b"\0")
+        assert cmdline[1:4] == [b"-m", b"tuner.lean", b"workers.sandbox"]
+        child.wait_ready()
+        want = [b"-m", b"tuner.lean", b"tvm.exec.popen_worker"]
+        deadline = time.monotonic() + 60  # the pool starts its process from a thread
+        while not any(c[1:4] == want for c in _children()):
+            assert time.monotonic() < deadline, _children()
+            time.sleep(0.2)
+
+
+def _children() -> list[list[bytes]]:
+    """The command lines of this process's children."""
+    out = []
+    for p in Path("/proc").iterdir():
+        if p.name.isdigit() and _parent(p) == os.getpid():
+            with contextlib.suppress(OSError):
+                out.append((p / "cmdline").read_bytes().split(b"\0"))
+    return out
+
+
+def _parent(proc: Path) -> int | None:
+    try:
+        return int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
