@@ -20,7 +20,7 @@ from tuner.db.rows import TargetRef
 from tuner.db.store import NewRecord
 from tuner.measure import Invalidity
 from tuner.search import farm_model
-from tuner.search.costmodel import AGREEMENT_MIN_ROWS, FEATURE_DIM, XGBCostModel
+from tuner.search.costmodel import FEATURE_DIM, XGBCostModel
 from tuner.search.farm_model import FarmModelConfig, ranking_metrics
 
 TARGET = '{"kind":"llvm","mcpu":"znver4"}'
@@ -227,8 +227,7 @@ def test_a_jobs_own_rows_outweigh_the_farms_model(store: Store, tref: TargetRef)
     own = _x(rng, 24)
     model.add(own, [float(v) for v in _latency(own, 9)], group="mine")
     model.fit()
-    assert model.agreement > 0.3  # the same throughput function: the farm's model ranks it
-    assert model.base_weight == pytest.approx(0.5 * model.agreement)
+    assert model.base_weight == pytest.approx(0.5)
     model.add(_x(rng, 24), [1e-3] * 24, group="mine")
     model.fit()
     assert model.base_weight == 0.0
@@ -238,28 +237,3 @@ def test_a_jobs_own_rows_outweigh_the_farms_model(store: Store, tref: TargetRef)
     np.testing.assert_allclose(model.predict_features(probe), alone.predict_features(probe))
     assert model.predicted_latency(probe, best_s=None) == [None] * 8
     assert all(p is None or p > 0 for p in model.predicted_latency(probe, best_s=1e-3))
-
-
-@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
-def test_a_farm_model_that_ranks_the_job_backwards_stops_steering_it(store: Store,
-                                                                     tref: TargetRef) -> None:
-    """A workload whose throughput runs against what the farm's model learnt: once the job has
-    AGREEMENT_MIN_ROWS measurements, the farm's margin counts for nothing, and the job's model
-    predicts what a model of its own rows alone predicts."""
-    rng = np.random.default_rng(7)
-    _add(store, tref, _workloads(store, 1)[0], _x(rng, 60), tag="a")
-    base = farm_model.booster_of(farm_model.refresh(store, tref, cfg=CFG))  # type: ignore[arg-type]
-    model = XGBCostModel(base=base, trust_rows=48)
-    few = _x(rng, AGREEMENT_MIN_ROWS - 1)
-    model.add(few, [float(v) for v in 1e-6 / _latency(few, 1)], group="mine")  # reversed
-    model.fit()
-    assert model.agreement == 1.0  # too few rows to judge
-    more = _x(rng, 17)
-    model.add(more, [float(v) for v in 1e-6 / _latency(more, 1)], group="mine")
-    model.fit()
-    assert model.agreement == 0.0 and model.base_weight == 0.0
-    alone = XGBCostModel(trust_rows=48)
-    alone._x, alone._lat, alone._group = model._x, model._lat, model._group
-    alone.fit()
-    probe = _x(rng, 8)
-    np.testing.assert_allclose(model.predict_features(probe), alone.predict_features(probe))

@@ -10,9 +10,8 @@ record the farm measured there and updated incrementally: `tuner.search.farm_mod
 and the job's own booster, refitted after every batch on the rows of this workload only (its
 history and the job's measurements), starting from the base model's margin, which counts less
 with every row of the job's own (none after `trust_rows`: by then the job knows its workload
-better than any other workload can tell), and only as far as it ranks the job's own
-measurements (`agreement`: a model of other workloads that ranks this one backwards must not
-steer its search). A batch's training costs what the workload holds, never what the farm holds.
+better than any other workload can tell). A batch's training costs what the workload holds,
+never what the farm holds.
 """
 
 from __future__ import annotations
@@ -37,8 +36,6 @@ FEATURE_CACHE_SIZE = 1 << 14  # pooled vectors kept by program hash (1.3 KB each
 # below this many rows one thread trains faster: 64 rows, 160 rounds took 0.3 s with 1 thread and
 # 3.3 s with 2 (OpenMP waiting) on a busy 2-core machine
 SMALL_TRAINING_SET = 4096
-# the farm's model is judged on the job's own measurements from this many rows on
-AGREEMENT_MIN_ROWS = 8
 
 
 def pool_features(rows: np.ndarray) -> np.ndarray:
@@ -78,18 +75,6 @@ def throughput_labels(workload_ids: Sequence[Any], latencies: Sequence[float | N
                      for lat, g in zip(latencies, workload_ids, strict=True)], dtype=np.float32)
 
 
-def kendall_tau(a: np.ndarray, b: np.ndarray) -> float:
-    """Kendall's τ-b of two score vectors (O(n²): the groups it ranks are small)."""
-    da = np.sign(a[:, None] - a[None, :])
-    db = np.sign(b[:, None] - b[None, :])
-    upper = np.triu_indices(len(a), k=1)
-    x, y = da[upper], db[upper]
-    n_a, n_b = np.count_nonzero(x), np.count_nonzero(y)
-    if n_a == 0 or n_b == 0:
-        return 0.0
-    return float(np.sum(x * y) / np.sqrt(float(n_a) * float(n_b)))
-
-
 def training_matrix(objective: str, x: np.ndarray, y: np.ndarray, groups: np.ndarray,
                     base_margin: np.ndarray | None = None) -> xgb.DMatrix:
     """A DMatrix for `objective`: ranking objectives learn within each workload (query group,
@@ -127,9 +112,6 @@ class XGBCostModel(ms.cost_model.PyCostModel):
         self._group: list[Any] = []
         self._booster: xgb.Booster | None = None
         self._cache: dict[int, np.ndarray] = {}
-        # how well the farm's model ranks the job's own measurements (Kendall τ, 0 when it
-        # ranks them at random or backwards); 1 until there are AGREEMENT_MIN_ROWS of them
-        self.agreement = 1.0
         self.fit_s = 0.0  # time spent in `fit`, all batches
 
     # ---- data
@@ -176,11 +158,10 @@ class XGBCostModel(ms.cost_model.PyCostModel):
     @property
     def base_weight(self) -> float:
         """How much the farm's model counts beside the job's own rows: fully with none, less
-        with each row, not at all from `trust_rows` on (the job's measurements weigh more);
-        scaled by its `agreement` with them."""
+        with each row, not at all from `trust_rows` on (the job's measurements weigh more)."""
         if self.base is None:
             return 0.0
-        return max(0.0, 1.0 - len(self._x) / self.trust_rows) * self.agreement
+        return max(0.0, 1.0 - len(self._x) / self.trust_rows)
 
     def _margin(self, x: np.ndarray) -> np.ndarray | None:
         weight = self.base_weight
@@ -197,9 +178,6 @@ class XGBCostModel(ms.cost_model.PyCostModel):
             self._booster = None
             return
         x = np.stack(self._x)
-        if self.base is not None and len(y) >= AGREEMENT_MIN_ROWS:
-            scores = np.asarray(self.base.predict(xgb.DMatrix(x)), dtype=np.float64)
-            self.agreement = min(1.0, max(0.0, kendall_tau(scores, y.astype(np.float64))))
         groups = np.array([hash(g) for g in self._group], dtype=np.int64)
         dtrain = training_matrix(self.objective, x, y, groups, self._margin(x))
         nthread = 1 if len(y) < SMALL_TRAINING_SET else self._nthread
