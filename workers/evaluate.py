@@ -110,17 +110,14 @@ def time_kernel(rt: Any, args: list[Any], opts: Any, dev: Any) -> tuple[float, .
     trials) 3, 4 and 8 candidates were more than 1.5x slower than the best known then."""
     if opts.cache_flush:
         # number=1 so every timed run starts with cold caches (TVM flushes all args but the first)
-        def timed(repeats: int) -> tuple[float, ...]:
-            ev = rt.time_evaluator("main", dev, number=1, repeat=repeats,
-                                   f_preproc="cache_flush_cpu_non_first_arg")
-            return tuple(float(x) for x in ev(*args).results)
+        kw: dict[str, Any] = {"number": 1, "f_preproc": "cache_flush_cpu_non_first_arg"}
     else:
-        number = calls_per_repeat(rt, args, opts.min_repeat_ms, dev)
+        kw = {"number": calls_per_repeat(rt, args, opts.min_repeat_ms, dev),
+              "min_repeat_ms": math.ceil(REPEAT_FLOOR * opts.min_repeat_ms)}
 
-        def timed(repeats: int) -> tuple[float, ...]:
-            ev = rt.time_evaluator("main", dev, number=number, repeat=repeats,
-                                   min_repeat_ms=math.ceil(REPEAT_FLOOR * opts.min_repeat_ms))
-            return tuple(float(x) for x in ev(*args).results)
+    def timed(repeats: int) -> tuple[float, ...]:
+        ev = rt.time_evaluator("main", dev, repeat=repeats, **kw)
+        return tuple(float(x) for x in ev(*args).results)
 
     repeats = max(opts.repeats, 1)
     limit = prune_limit(opts)
