@@ -145,9 +145,11 @@ class Variant:
 
 def time_interleaved(variants: list[Variant], reference: list[np.ndarray], rtol: float,
                      atol: float, *, rounds: int, min_ms: float,
-                     log: Callable[[str], None] = print) -> dict[str, dict[str, Any]]:
+                     log: Callable[[str], None] = print,
+                     pause_s: float = PAUSE_S) -> dict[str, dict[str, Any]]:
     """Times `variants`; returns {name: result dict}. A variant whose first call raises is
-    reported with status "error" and left out of the rounds."""
+    reported with status "error" and left out of the rounds. `pause_s`: the pause after each
+    timing (variants that are all TVM kernels need less than PAUSE_S)."""
     failed: dict[str, dict[str, Any]] = {}
     variants = list(variants)
     for v in list(variants):
@@ -165,7 +167,7 @@ def time_interleaved(variants: list[Variant], reference: list[np.ndarray], rtol:
     for r in range(rounds if n else 0):
         for v in variants[r % n:] + variants[: r % n]:
             v.measure(min_ms)
-            time.sleep(PAUSE_S)
+            time.sleep(pause_s)
         last = "  ".join(f"{v.name} {v.samples[-1] * 1e3:.4g} ms" for v in variants)
         log(f"    round {r + 1}: {last}")
     for v in variants:

@@ -14,6 +14,11 @@ saw? Leave-one-out over suites (default: public + fused), on this machine:
    time it apart, and a memory-bound kernel's timing moves by more than 5% from one minute to
    the next on a shared machine; the table also gives the warm trials by the warm run's own
    timing alone. A run that never reaches the goal counts as 2 × trials in the geometric mean.
+4. Side by side (`bench.side_by_side`): right after each warm run, the programs of both runs
+   that could have reached the goal are compiled and timed again in one process, interleaved,
+   beside the cold run's best; both runs are scored again on those timings (the first trial
+   that measured a program within 1/0.95 of the cold best's time in the same rounds). These
+   are the headline columns: the one rule for both runs, free of the drift between them.
 
 Writes `transfer.json` and `transfer.md` under `--out`/transfer.
 """
@@ -81,6 +86,39 @@ def _trials(db: Path, job_id: str) -> list[tuple[str, float | None]]:
     finally:
         store.close()
     return [(r.cand_hash, r.median_s if r.ok and r.median_s else None) for r in rows]
+
+
+def _traces(db: Path, job_id: str, hashes: set[str]) -> dict[str, str]:
+    """The trace of each program of `hashes` that the job measured."""
+    from tuner.db import Store
+
+    store = Store(f"sqlite:///{db}")
+    try:
+        return {r.cand_hash: r.trace_json for r in store.records(job_id=job_id)
+                if r.cand_hash in hashes}
+    finally:
+        store.close()
+
+
+def _judge(wl: Any, target: dict[str, Any], cold: tuple[Path, str, list[tuple[str, float | None]]],
+           warm: tuple[Path, str, list[tuple[str, float | None]]], goal: float, cap: int
+           ) -> dict[str, Any]:
+    """Both runs' trials to the goal, judged side by side (`bench.side_by_side`)."""
+    from . import side_by_side as sbs
+
+    (cold_db, cold_job, cold_trials), (warm_db, warm_job, warm_trials) = cold, warm
+    best = min((lat, h) for h, lat in cold_trials if lat is not None)[1]
+    cold_short = sbs.shortlist(cold_trials, goal)
+    warm_short = sbs.shortlist(warm_trials, goal)
+    traces = _traces(warm_db, warm_job, set(warm_short))
+    traces |= _traces(cold_db, cold_job, set(cold_short) | {best})  # the same program: either
+    log(f"  side by side: {len(traces)} programs")
+    timed = sbs.retime(wl, traces, target, rounds=sbs.ROUNDS, min_ms=sbs.MIN_MS,
+                       pause_s=sbs.PAUSE_S, log=log)
+    reach = sbs.reaching({h: t["median_s"] for h, t in timed.items()}, best)
+    return {"cold_trials_sbs": trials_to(cold_trials, 0.0, cap, reach),
+            "warm_trials_sbs": trials_to(warm_trials, 0.0, cap, reach),
+            "sbs": {"best": best, "reaching": sorted(reach), "timed": timed}}
 
 
 def trials_to(trials: list[tuple[str, float | None]], goal_s: float, cap: int,
@@ -206,14 +244,18 @@ def run_transfer(args: argparse.Namespace) -> int:
                "warm_trials": trials_to(warm_trials, goal, args.trials, fast),
                "warm_trials_timed": trials_to(warm_trials, goal, args.trials),
                "cold_s": state[e["id"]]["cold_s"], "warm_s": warm_s,
-               "warm_measured": warm_trials}
+               "cold_measured": cold_trials, "warm_measured": warm_trials}
+        row |= _judge(parse_spec(e["spec"]), target, (cold, job, cold_trials),
+                      (loo, warm_job, warm_trials), goal, args.trials)
         results.append(row)
         log(f"{e['id']}: 95% of the cold best in {row['warm_trials']} warm trials vs "
-            f"{row['cold_trials']} cold")
+            f"{row['cold_trials']} cold; side by side {row['warm_trials_sbs']} vs "
+            f"{row['cold_trials_sbs']}")
         for p in out.glob(f"loo-{e['id']}.db*"):
             p.unlink()
     gm = {k: float(np.exp(np.mean(np.log([r[k] for r in results]))))
-          for k in ("cold_trials", "warm_trials", "warm_trials_timed")} if results else {}
+          for k in ("cold_trials", "warm_trials", "warm_trials_timed", "cold_trials_sbs",
+                    "warm_trials_sbs")} if results else {}
     report = {"trials": args.trials, "objective": args.objective, "target": target,
               "ranking": ranking, "workloads": results, "geomean": gm}
     (out / "transfer.json").write_text(json.dumps(report, indent=1))
@@ -228,15 +270,21 @@ def markdown(report: dict[str, Any]) -> str:
         lines.append(f"| {r['objective']} | {r['kendall_tau']:.3f} | {r['top1']:.0%} | "
                      f"{r['top5']:.0%} |")
     lines += ["", f"Trials to 95% of the cold {report['trials']}-trial best "
-                  f"(objective {report['objective']}; never reached: 2 × trials):", "",
-              "| id | workload | cold | warm | warm, by its own timing only | cold best | "
-              "warm best |", "|---|---|---|---|---|---|---|"]
+                  f"(objective {report['objective']}; never reached: 2 × trials). Side by side: "
+                  "both runs judged on the programs timed again together; then each run's own "
+                  "timing (warm: or a program the cold run timed within the goal), and the warm "
+                  "run's own timing only:", "",
+              "| id | workload | cold, side by side | warm, side by side | cold | warm | "
+              "warm, by its own timing only | cold best | warm best |",
+              "|---|---|---|---|---|---|---|---|---|"]
     for r in report["workloads"]:
-        lines.append(f"| {r['id']} | {r['title']} | {r['cold_trials']} | {r['warm_trials']} | "
+        lines.append(f"| {r['id']} | {r['title']} | {r['cold_trials_sbs']} | "
+                     f"{r['warm_trials_sbs']} | {r['cold_trials']} | {r['warm_trials']} | "
                      f"{r['warm_trials_timed']} | {r['cold_best_s'] * 1e6:.1f} µs | "
                      f"{r['warm_best_s'] * 1e6:.1f} µs |")
     gm = report["geomean"]
     if gm:
-        lines.append(f"| | geometric mean | {gm['cold_trials']:.1f} | {gm['warm_trials']:.1f} "
-                     f"| {gm['warm_trials_timed']:.1f} | | |")
+        lines.append(f"| | geometric mean | {gm['cold_trials_sbs']:.1f} | "
+                     f"{gm['warm_trials_sbs']:.1f} | {gm['cold_trials']:.1f} | "
+                     f"{gm['warm_trials']:.1f} | {gm['warm_trials_timed']:.1f} | | |")
     return "\n".join(lines) + "\n"

@@ -63,3 +63,34 @@ def test_bench_runs_a_tiny_suite_and_reports_every_column(tmp_path: Path) -> Non
     md = (out / "results.md").read_text()
     assert "| " + " | ".join(doc["columns"]) + " |" in md
     assert "| S1 matmul 64³ |" in md and "Geometric mean of tunefarm/MS" in md
+
+
+def test_the_transfer_benchmark_runs_leave_one_out_and_judges_side_by_side(
+        tmp_path: Path) -> None:
+    suite = tmp_path / "suite.json"
+    suite.write_text(json.dumps([
+        {"id": "S1", "title": "matmul 64³", "peak": "fp32",
+         "spec": {"op": "matmul", "shape": [64, 64, 64]}},
+        {"id": "S2", "title": "matmul 96×64×128", "peak": "fp32",
+         "spec": {"op": "matmul", "shape": [96, 64, 128]}}]))
+    out = tmp_path / "out"
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench", "--transfer", "--suite", str(suite), "--trials", "4",
+         "--objective", "regression", "--out", str(out)],
+        cwd=REPO, capture_output=True, text=True, timeout=400)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+
+    doc = json.loads((out / "transfer" / "transfer.json").read_text())
+    assert [w["id"] for w in doc["workloads"]] == ["S1", "S2"]
+    assert {r["objective"] for r in doc["ranking"]} == {"regression", "pairwise", "ndcg"}
+    for w in doc["workloads"]:
+        sbs = w["sbs"]
+        best = sbs["timed"][sbs["best"]]
+        assert best["status"] == "ok" and best["median_s"] > 0 and len(best["rounds_s"]) == 7
+        assert sbs["best"] in sbs["reaching"]  # the cold best reaches its own goal
+        cold = [h for h, _ in w["cold_measured"]]
+        assert 1 <= w["cold_trials_sbs"] <= cold.index(sbs["best"]) + 1
+        assert 1 <= w["warm_trials_sbs"] <= 8  # 2 × trials when never
+        assert len(w["warm_measured"]) == 4
+    md = (out / "transfer" / "transfer.md").read_text()
+    assert "| S1 | matmul 64³ |" in md and "| | geometric mean |" in md
