@@ -6,6 +6,7 @@ landed since the last version. What a model is and how it is trained lives in
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -184,6 +185,32 @@ def workload_best(store: Store, target_id: int, workload_ids: list[int]) -> dict
                    m.Record.invalidity == Invalidity.OK.value, m.Record.median_s > 0)
             .group_by(m.Record.workload_id))
         return {int(w): float(b) for w, b in rows if b is not None}
+
+
+def space_relatives(store: Store, target_id: int, space: str, *, exclude: int, flops: float,
+                    workloads: int, per_workload: int) -> list[list[Any]]:
+    """The fastest records of the space `space` of up to `workloads` other workloads tuned in
+    that space on the target, those of the nearest amount of work (`flops`, by ratio) first: one
+    list per workload, each fastest first. Reads the jobs of the space and `workloads` indexed
+    best-record lookups, whatever the size of the records table."""
+    with store.session() as s:
+        found = [(int(w), int(f or 0)) for w, f in s.execute(
+            select(m.Job.workload_id, m.Workload.flops)
+            .join(m.Workload, m.Workload.id == m.Job.workload_id)
+            .where(m.Job.target_id == target_id, m.Job.space == space,
+                   m.Job.workload_id != exclude)
+            .group_by(m.Job.workload_id, m.Workload.flops))]
+
+    def distance(f: int) -> float:
+        return abs(math.log(f / flops)) if f > 0 and flops > 0 else math.inf
+
+    found.sort(key=lambda wf: (distance(wf[1]), wf[0]))
+    out = []
+    for wid, _ in found[:workloads]:
+        rows = [r for r in store.best(wid, target_id, k=4 * per_workload) if r.space == space]
+        if rows:
+            out.append(rows[:per_workload])
+    return out
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,8 @@ the whole target's history, and a job killed at any point resumes from its commi
                     count its committed trials (a resumed job goes on from there), mark it
                     RUNNING, or return at once (cancelled, budget already spent)
     _search         the tune context, the cost model (trained on the target's history), the
-                    population seeded from the best records
+                    population seeded from the best records, and (a job with no records of its
+                    own) the best schedules of related workloads, adapted to this one
     per batch:
       _propose      sample the space (untrained model) or evolve; drop what was measured
       _measure_batch  prepare, then measure one by one; each result through `_measure`, which
@@ -49,7 +50,7 @@ from tuner.db.rows import JobRow, TargetRef
 from tuner.db.store import NewRecord, Store
 from tuner.errors import JobHandedOff, TunefarmError
 from tuner.measure import Invalidity, MeasureInput, Measurer, MeasureResult, gflops
-from tuner.search import farm_model
+from tuner.search import farm_model, transfer
 from tuner.search.costmodel import XGBCostModel
 from tuner.search.history import seed_database, trained_cost_model
 from tuner.search.request import Progress, TuneRequest, TuneSummary, trial_id
@@ -170,8 +171,14 @@ class Tuner:
         strategy.pre_tuning(max_trials=1 << 30, num_trials_per_iter=req.batch_size + overlap,
                             design_spaces=tv.design_spaces(ctx), database=memdb,
                             cost_model=model)
+        related: list[Any] = []
+        if model.size == 0 and get_settings().cost_model_transfer:
+            related = [t.cand for t in transfer.candidates(
+                self.store, run.tref, run.wid, req.space, ctx, args_info,
+                transfer.share(req.batch_size), flops=req.workload.flops)]
         return _Search(ctx=ctx, strategy=strategy, model=model, memdb=memdb, token=token,
-                       args_info=args_info, measured=set(self.store.measured(run.wid, run.tref.id)))
+                       args_info=args_info, measured=set(self.store.measured(run.wid, run.tref.id)),
+                       related=related)
 
     def _propose(self, run: _Run, search: _Search) -> list[_Pick] | None:
         """The next batch: candidates never measured on this workload and target (none in a
@@ -190,6 +197,9 @@ class Tuner:
                                 sample_space(search.strategy, search.args_info, req.batch_size))
         else:
             cands = search.strategy.generate_measure_candidates()
+        # a job with no measurements of its own: related workloads' best schedules, adapted
+        # (tuner.search.transfer), head its first batch
+        cands, search.related = search.related + list(cands or []), []
         if not cands:
             run.stop = "search space exhausted"
             return None
@@ -379,6 +389,7 @@ class _Search:
     token: Any  # the workload's token in `memdb`
     args_info: Any
     measured: set[str]
+    related: list[Any]  # the first batch's head: schedules of related workloads (transfer)
     dup_batches: int = 0  # batches in a row with nothing new
 
 
