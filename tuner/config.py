@@ -43,8 +43,9 @@ class Settings(BaseSettings):
     # search
     batch_size: int = 16
     seed: int | None = None
-    # jobs start from the farm's cost model of their target (tuner.search.farm_model); off:
-    # each job learns from its own workload's records only, and no job updates the farm's model
+    # jobs start from the farm's cost model of their target (tuner.search.farm_model) and, with
+    # no records of their own, from related workloads' best schedules (tuner.search.transfer);
+    # off: each job learns from its own workload's records only, and no job updates the model
     cost_model_transfer: bool = True
 
     # service: API, queues, leases (see README "Running the service")

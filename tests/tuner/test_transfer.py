@@ -101,3 +101,26 @@ def test_a_new_workload_first_measures_its_relatives_best_schedules(
         assert off.trials_done == 2 and calls == []
     finally:
         get_settings.cache_clear()
+
+
+def test_a_record_goes_to_the_design_space_of_its_loop_order_whatever_the_epilogue() -> None:
+    """Two design spaces differ only in a reorder's loop order; the record's trace has more
+    blocks (an epilogue: other random-variable numbers, inlining) and the second order."""
+    from tuner.search.transfer import closest, structure
+
+    def trace(children: int, order: tuple[int, int], inline: int) -> str:
+        blocks = [f"b{i}" for i in range(1, children + 1)]
+        insts = [["GetSBlock", [], ["C", "main"], ["b0"]],
+                 ["GetChildBlocks", ["b0"], [], blocks],
+                 *[["ComputeInline", [b], [], []] for b in blocks[1:1 + inline]],
+                 ["GetLoops", ["b1"], [], ["l10", "l11"]],
+                 ["SamplePerfectTile", ["l10"], [2, 16], ["v12", "v13"]],
+                 ["Split", ["l10", None, "v13"], [1, 0], ["l14", "l15"]],
+                 ["Reorder", [["l14", "l11"][order[0]], ["l14", "l11"][order[1]]], [], []],
+                 ["Parallel", ["l14"], [], []]]
+        return json.dumps([insts, [[4, [4, 16]]]])
+
+    designs = [structure(trace(1, (0, 1), 0)), structure(trace(1, (1, 0), 0))]
+    assert designs[0] != designs[1]
+    assert closest(structure(trace(4, (1, 0), 3)), designs) == 1
+    assert closest(structure(trace(4, (0, 1), 3)), designs) == 0
