@@ -4,11 +4,12 @@ A template's schedule is the values its knobs took: the tiles (`SamplePerfectTil
 choices (`SampleCategorical`) its trace sampled. The fastest records of the other workloads tuned
 in the same space on the same target hold values that suit that family of kernels on that CPU,
 and the same GEMM behind another epilogue, or the same convolution in another model, is best
-with the same values. `candidates` replays each design space of the new workload with those
-values, every tile adapted to this workload's loop (the nearest factors that divide its
-extent), and keeps the programs that replay and pass the space's postprocessors, fewest
-adaptations first. The search loop measures them at the head of a job's first batch when the job
-has no measurements of its own (`TUNEFARM_COST_MODEL_TRANSFER`, like the farm's model).
+with the same values. `candidates` replays each record's values on the new workload's design
+space most like the one the record was sampled from, every tile adapted to this workload's loop
+(the nearest factors that divide its extent), and keeps the programs that replay and pass the
+space's postprocessors, fewest adaptations first. The search loop measures them at the head of
+a job's first batch when the job has no measurements of its own (`TUNEFARM_COST_MODEL_TRANSFER`,
+like the farm's model).
 """
 
 from __future__ import annotations
