@@ -188,11 +188,10 @@ def workload_best(store: Store, target_id: int, workload_ids: list[int]) -> dict
 
 
 def space_relatives(store: Store, target_id: int, space: str, *, exclude: int, flops: float,
-                    workloads: int, per_workload: int) -> list[list[Any]]:
-    """The fastest records of the space `space` of up to `workloads` other workloads tuned in
-    that space on the target, those of the nearest amount of work (`flops`, by ratio) first: one
-    list per workload, each fastest first. Reads the jobs of the space and `workloads` indexed
-    best-record lookups, whatever the size of the records table."""
+                    limit: int) -> list[int]:
+    """Up to `limit` other workloads tuned in the space `space` on the target, those of the
+    nearest amount of work (`flops`, by ratio) first. Reads the jobs of the space, not the
+    records table."""
     with store.session() as s:
         found = [(int(w), int(f or 0)) for w, f in s.execute(
             select(m.Job.workload_id, m.Workload.flops)
@@ -205,12 +204,7 @@ def space_relatives(store: Store, target_id: int, space: str, *, exclude: int, f
         return abs(math.log(f / flops)) if f > 0 and flops > 0 else math.inf
 
     found.sort(key=lambda wf: (distance(wf[1]), wf[0]))
-    out = []
-    for wid, _ in found[:workloads]:
-        rows = [r for r in store.best(wid, target_id, k=4 * per_workload) if r.space == space]
-        if rows:
-            out.append(rows[:per_workload])
-    return out
+    return [wid for wid, _ in found[:limit]]
 
 
 @dataclass(frozen=True)

@@ -21,14 +21,15 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from schedules.knobs import divisors
 from tuner import tvm_api as tv
 from tuner.db import cost_models
 from tuner.db.rows import TargetRef
 from tuner.db.store import Store
+from tuner.search.history import seed_records
 
 log = logging.getLogger(__name__)
 
-SAMPLING = ("SamplePerfectTile", "SampleCategorical")
 SOURCE_WORKLOADS = 24  # other workloads of the space looked at (the nearest in FLOPs)
 PER_WORKLOAD = 3  # of each, its fastest records
 
@@ -47,7 +48,6 @@ class _Mismatch(Exception):
 class Transferred:
     cand: Any  # ms.MeasureCandidate
     changes: int  # knob values adapted to this workload (0: replayed as recorded)
-    source_record: int
 
 
 def knob_values(trace_json: str) -> list[tuple[str, Any]] | None:
@@ -70,10 +70,6 @@ def knob_values(trace_json: str) -> list[tuple[str, Any]] | None:
         return None
 
 
-def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
-
-
 def adapt_tile(factors: list[int], extent: int, max_innermost: int) -> list[int]:
     """The perfect tile of `extent` nearest `factors` (a tile of another extent): from the
     innermost part out, each the largest divisor of what is left that is no larger than the
@@ -84,7 +80,7 @@ def adapt_tile(factors: list[int], extent: int, max_innermost: int) -> list[int]
         cap = factors[i]
         if i == len(factors) - 1 and max_innermost > 0:
             cap = min(cap, max_innermost)
-        out[i] = max(d for d in _divisors(left) if d <= max(cap, 1))
+        out[i] = max(d for d in divisors(left) if d <= max(cap, 1))
         left //= out[i]
     out[0] = left
     return out
@@ -145,7 +141,7 @@ def replay_with(mod: Any, design: Any, values: list[tuple[str, Any]],
     def provide(inst: Any, inputs: list[Any], attrs: list[Any], decision: Any) -> Any:
         nonlocal changes
         kind = inst.kind.name
-        if kind not in SAMPLING and not kind.startswith("Sample"):
+        if not kind.startswith("Sample"):
             return decision
         if not queue or queue[0][0] != kind:
             raise _Mismatch(kind)
@@ -187,13 +183,14 @@ def candidates(store: Store, tref: TargetRef, wid: int, space: str, ctx: Any, ar
     designs = [s.trace for s in tv.design_spaces(ctx)]
     shapes = [structure(tv.trace_to_json(d)) for d in designs]
     postprocs = list(ctx.space_generator.postprocs)
-    found: list[tuple[int, int, Transferred]] = []
+    exact: list[Transferred] = []
+    adapted: list[Transferred] = []
     seen: set[str] = set()
-    order = 0
-    for rows in cost_models.space_relatives(store, tref.id, space, exclude=wid, flops=flops,
-                                            workloads=SOURCE_WORKLOADS,
-                                            per_workload=PER_WORKLOAD):
-        for row in rows:
+    for other in cost_models.space_relatives(store, tref.id, space, exclude=wid, flops=flops,
+                                             limit=SOURCE_WORKLOADS):
+        if len(exact) >= limit:
+            break  # nothing adapted would be picked any more
+        for row in seed_records(store, other, tref, space, PER_WORKLOAD):
             values = knob_values(row.trace_json)
             if values is None:
                 continue
@@ -206,15 +203,11 @@ def candidates(store: Store, tref: TargetRef, wid: int, space: str, ctx: Any, ar
             if (got := replay_with(mod, design, values, postprocs)) is not None:
                 sch, changes = got
                 h = tv.shash_hex(sch.mod)
-                if h in seen:
-                    continue
-                seen.add(h)
-                order += 1
-                found.append((changes, order, Transferred(
-                    tv.ms.MeasureCandidate(sch, args_info), changes, row.id)))
-    found.sort(key=lambda f: (f[0], f[1]))
-    exact = [t for _, _, t in found if t.changes == 0]
-    adapted = [t for _, _, t in found if t.changes > 0]
+                if h not in seen:
+                    seen.add(h)
+                    (adapted if changes else exact).append(
+                        Transferred(tv.ms.MeasureCandidate(sch, args_info), changes))
+    adapted.sort(key=lambda t: t.changes)  # stable: the records' order within a count
     # an adapted schedule is a weaker guide than a relative's own: at most half of the share
     picked = (exact + adapted[: max(0, limit // 2 - len(exact))])[:limit]
     if picked:
