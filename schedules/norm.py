@@ -13,6 +13,12 @@ The template:
   vectors, independent add chains; 8 or 4 lanes each on narrower targets or rows) and a halving
   tree (`rfactor`, as softmax-x86 does), and the normalisation as vectors.
 
+Rows that no power-of-two vector divides (a length not a multiple of 4) keep the template with
+narrower, odd vectors: the largest divisor of the row up to the vector width (a row of 30: 15
+lanes, of 770: 14), one level of partial sums (rfactor) summed serially, and the normalisation in
+vectors of that width; LLVM splits an odd-width vector into legal ones. A row with no divisor
+between 2 and the vector width (a prime longer than it) is left to the generated space.
+
 Summation order changes (partial sums), within any tolerance a float32 normalisation has. With one
 accumulator, a row sum waits an add's latency per vector: on 2 Xeon (Emerald Rapids) cores, BERT's
 layer norm 128×768 took 18.5 µs with one and 14.0 µs tuned over 1, 2 and 4 (MetaSchedule@64:
@@ -23,12 +29,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from schedules.base import StructuralTemplate
+from schedules.base import StructuralTemplate, is_x86, vector_lanes
 from schedules.knobs import DesignSpace, PerfectTile, knob_table
 from schedules.match_norm import COLUMN, ELEMENTWISE, ROW, SUM, NormMatch, match_norm
 from schedules.softmax import (
     iters_row_red_lanes,
-    row_loops_problem,
     softmax_lanes,
     tree_rfactor,
 )
@@ -39,12 +44,32 @@ MAX_ROWS_PER_TASK = 16
 ACCUMULATORS = ("1", "2", "4")
 
 
+def norm_lanes(cols: int, target: Any) -> int:
+    """fp32 lanes of the row loops: softmax's (the vector width, or 8 or 4, dividing the row);
+    off that grid, the largest divisor of the row up to the vector width; 0 if it has none but 1."""
+    lanes = softmax_lanes(cols, target)
+    if lanes:
+        return lanes
+    return next((d for d in range(vector_lanes(target, 32), 1, -1) if cols % d == 0), 0)
+
+
+def partial_sums(sch: Any, block: Any, partials: int, rows: int) -> list[Any]:
+    """The rfactor blocks of a row sum reduced as `partials` vector lanes (consumer first): a
+    halving tree for a power of two (`tree_rfactor`), else one rfactor block whose lanes
+    `block` then sums serially."""
+    if partials & (partials - 1) == 0:
+        return tree_rfactor(sch, block, partials, rows)
+    sch.split(sch.get_loops(block)[-1], [None, partials])
+    return [sch.rfactor(sch.get_loops(block)[-1], factor_axis=rows)]
+
+
 class NormX86(StructuralTemplate):
     name = "norm-x86"
     ops = ("tir",)
     description = ("fp32 row normalisations (layer norm, RMS norm): elementwise blocks folded, "
                    "rows in parallel, each row's sums as vector partials with a log-tree "
-                   "horizontal reduction, the normalisation vectorized. Needs cols % 4 == 0.")
+                   "horizontal reduction, the normalisation vectorized. Rows off the 4 grid: "
+                   "vectors of the largest divisor of the row up to the vector width.")
     tensorize = False
     population_size = 16  # a few points: the divisors of the last row dimension up to 16
     KNOBS = knob_table(
@@ -59,7 +84,12 @@ class NormX86(StructuralTemplate):
         m = match_norm(workload)
         if not isinstance(m, NormMatch):
             return m.reason
-        return row_loops_problem(m.cols, target)
+        if not is_x86(target):
+            return "not an x86 LLVM target"
+        if norm_lanes(m.cols, target) == 0:
+            return (f"the row length ({m.cols}) has no divisor between 2 and "
+                    f"{vector_lanes(target, 32)} (the vector width)")
+        return None
 
     def knob_extents(self, workload: Workload) -> dict[str, int]:
         m = match_norm(workload)
@@ -76,7 +106,7 @@ class NormX86(StructuralTemplate):
                  accumulators: str) -> None:
         m = match_norm(workload)
         assert isinstance(m, NormMatch), m
-        lanes = softmax_lanes(m.cols, target)
+        lanes = norm_lanes(m.cols, target)
         partials = lanes * int(accumulators)  # divides cols (design_variants)
         out_name = m.kinds[-1][0]
         for name, kind in m.kinds[:-1]:
@@ -85,7 +115,7 @@ class NormX86(StructuralTemplate):
         chains = {}  # each row sum with its rfactor blocks (consumer first)
         for name in m.named(SUM):
             block = sch.get_sblock(name)
-            chains[name] = [block, *tree_rfactor(sch, block, partials, m.row_dims)]
+            chains[name] = [block, *partial_sums(sch, block, partials, m.row_dims)]
             for b in chains[name]:
                 iters_row_red_lanes(sch, b, m.row_dims)
 

@@ -55,18 +55,15 @@ def softmax_lanes(cols: int, target: Any) -> int:
     return 0
 
 
-def row_loops_problem(cols: int, target: Any, *, whole_rows: bool = False) -> str | None:
-    """Why rows of `cols` columns cannot get vector row loops on `target` (None: they can);
-    `whole_rows`: or the whole-row intrinsics, off the grid."""
+def row_loops_problem(cols: int, target: Any) -> str | None:
+    """Why rows of `cols` columns get neither vector row loops nor, off the 4 grid, the
+    whole-row intrinsics on `target` (None: they get one of them)."""
     if not is_x86(target):
         return "not an x86 LLVM target"
-    if softmax_lanes(cols, target) == 0:
-        lanes = vector_lanes(target, 32)
-        if not whole_rows:
-            return f"the row length ({cols}) is not a multiple of 4"
-        if not row_fits(cols, lanes):
-            return (f"the row length ({cols}) is not a multiple of 4, and not between one "
-                    f"vector ({lanes}) and {MAX_ROW}")
+    lanes = vector_lanes(target, 32)
+    if softmax_lanes(cols, target) == 0 and not row_fits(cols, lanes):
+        return (f"the row length ({cols}) is not a multiple of 4, and not between one "
+                f"vector ({lanes}) and {MAX_ROW}")
     return None
 
 
@@ -127,7 +124,7 @@ class SoftmaxX86(StructuralTemplate):
         m = match_softmax(workload)
         if not isinstance(m, SoftmaxMatch):
             return m.reason
-        return row_loops_problem(m.cols, target, whole_rows=True)
+        return row_loops_problem(m.cols, target)
 
     def knob_extents(self, workload: Workload) -> dict[str, int]:
         m = match_softmax(workload)

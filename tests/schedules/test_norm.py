@@ -1,6 +1,7 @@
 """Row normalisations matched by structure (`schedules/match_norm.py`) and served by `norm-x86`:
 relax's layer norm and RMS norm, built here from small relax models, over 2-D and 3-D inputs
-(int64 indices), with rows off any grid; what the matcher does not serve says why."""
+(int64 indices), with rows on and off the vector grid; what the matcher does not serve says
+why."""
 
 from __future__ import annotations
 
@@ -87,9 +88,29 @@ def test_what_the_norm_matcher_does_not_serve_says_why(func: Any, why: str) -> N
     assert isinstance(got, NoMatch) and why in got.reason, got
 
 
-def test_rows_off_the_vector_grid_are_left_to_the_generated_space() -> None:
-    wl = tir(relax_tasks.norm((4, 30), "layer_norm"))
+@pytest.mark.parametrize(("shape", "kind", "lanes"), [
+    ((4, 30), "layer_norm", "15"),      # 30 = 2 x 15: 15-lane vectors
+    ((2, 3, 18), "rms_norm", "9"),      # 18 = 2 x 9, over two row dimensions
+    ((3, 22), "layer_norm", "11"),
+])
+def test_rows_off_the_vector_grid_keep_the_template_in_odd_vectors(
+        shape: tuple[int, ...], kind: str, lanes: str) -> None:
+    wl = tir(relax_tasks.norm(shape, kind))
+    assert registry.resolve("default", wl, X86) == "norm-x86"
+    tpl = registry.TEMPLATES["norm-x86"]
+    assert [v["accumulators"] for v in tpl.design_variants(wl)] == ["1"]
+    for sch in sample_points(registry.space_generator("norm-x86", wl, X86), wl, X86, n=3):
+        text = sch.mod.script()
+        # the row sums' partials: one rfactor block of `lanes` lanes, no halving tree
+        assert "_rf" in text and "_rf_rf" not in text, text
+        assert "T.vectorized" in text and "T.parallel" in text
+        assert f"T.vectorized({lanes})" in text or f"T.vectorized(T.int64({lanes}))" in text
+        check_outputs(sch, wl, X86)
+
+
+def test_rows_of_a_prime_length_are_left_to_the_generated_space() -> None:
+    wl = tir(relax_tasks.norm((4, 37), "layer_norm"))
     assert isinstance(match_norm_func(wl.prim_func()), NormMatch)
     why = registry.TEMPLATES["norm-x86"].why_not(wl, X86)
-    assert why == "the row length (30) is not a multiple of 4"
+    assert why == "the row length (37) has no divisor between 2 and 16 (the vector width)"
     assert registry.resolve("default", wl, X86) == "auto"
