@@ -105,6 +105,8 @@ def test_rows_off_the_vector_grid_keep_the_template_in_odd_vectors(
         assert "_rf" in text and "_rf_rf" not in text, text
         assert "T.vectorized" in text and "T.parallel" in text
         assert f"T.vectorized({lanes})" in text or f"T.vectorized(T.int64({lanes}))" in text
+        cols = shape[-1]  # the normalisation: the whole row as one vector
+        assert f"T.vectorized({cols})" in text or f"T.vectorized(T.int64({cols}))" in text
         check_outputs(sch, wl, X86)
 
 
