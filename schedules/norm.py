@@ -15,7 +15,8 @@ The template:
 
 Rows that no power-of-two vector divides (a length not a multiple of 4) keep the template with
 narrower, odd vectors: the largest divisor of the row up to the vector width (a row of 30: 15
-lanes, of 770: 14), one level of partial sums (rfactor) summed serially, and the normalisation as
+lanes, of 770: 14), one level of partial sums (rfactor: that many lanes, or twice as many where
+they divide the row, knob `accumulators`) summed serially, and the normalisation as
 one vector of the whole row (LLVM splits an odd-width vector into legal ones; the whole row
 measured faster than 15-lane steps: 18 against 28 µs on 256×390; rows longer than `MAX_ROW` in
 steps of the odd width). A row with no divisor
@@ -80,7 +81,8 @@ class NormX86(StructuralTemplate):
                          doc="[parallel (with the outer row dimensions), rows per task]"),
         accumulators=DesignSpace(ACCUMULATORS, doc="vector accumulators of each row sum "
                                                    "(independent add chains): those for which "
-                                                   "16 lanes each divide the row"),
+                                                   "16 lanes each divide the row; off the 4 "
+                                                   "grid, 1 or 2 of its odd width"),
     )
 
     def why_not(self, workload: Workload, target: Any) -> str | None:
@@ -102,15 +104,20 @@ class NormX86(StructuralTemplate):
     def design_variants(self, workload: Workload) -> list[dict[str, Any]]:
         m = match_norm(workload)
         assert isinstance(m, NormMatch)
-        return [v for v in super().design_variants(workload)
-                if m.cols % (16 * int(v["accumulators"])) == 0 or v["accumulators"] == "1"]
+        # the lanes as on AVX-512: 16, or off the 4 grid the row's largest divisor up to 16 (a
+        # narrower target's `schedule` takes fewer partials where these do not divide the row)
+        lanes = next((d for d in range(16, 1, -1) if m.cols % d == 0), 0) if m.cols % 4 else 16
+        return [v for v in super().design_variants(workload) if v["accumulators"] == "1"
+                or (lanes and m.cols % (lanes * int(v["accumulators"])) == 0)]
 
     def schedule(self, sch: Any, workload: Workload, target: Any, *,
                  accumulators: str) -> None:
         m = match_norm(workload)
         assert isinstance(m, NormMatch), m
         lanes = norm_lanes(m.cols, target)
-        partials = lanes * int(accumulators)  # divides cols (design_variants)
+        partials = lanes * int(accumulators)  # divides cols (design_variants) on AVX-512
+        if m.cols % partials:
+            partials = lanes
         out_name = m.kinds[-1][0]
         for name, kind in m.kinds[:-1]:
             if kind in (ELEMENTWISE, COLUMN):
