@@ -16,11 +16,11 @@ The template:
 Rows that no power-of-two vector divides (a length not a multiple of 4) keep the template with
 narrower, odd vectors: the largest divisor of the row up to the vector width (a row of 30: 15
 lanes, of 770: 14), one level of partial sums (rfactor: that many lanes, or twice as many where
-they divide the row, knob `accumulators`) summed serially, and the normalisation as
-one vector of the whole row (LLVM splits an odd-width vector into legal ones; the whole row
-measured faster than 15-lane steps: 18 against 28 µs on 256×390; rows longer than `MAX_ROW` in
-steps of the odd width). A row with no divisor
-between 2 and the vector width (a prime longer than it) is left to the generated space.
+they divide the row, knob `accumulators`) summed serially, and the normalisation as one vector
+of the whole row (LLVM splits an odd-width vector into legal ones; the whole row measured faster
+than 15-lane steps: 18 against 28 µs on 256×390; rows longer than `MAX_ROW` go in steps of the
+odd width). A row with no divisor between 2 and the vector width (a prime longer than it) is
+left to the generated space.
 
 Summation order changes (partial sums), within any tolerance a float32 normalisation has. With one
 accumulator, a row sum waits an add's latency per vector: on 2 Xeon (Emerald Rapids) cores, BERT's
