@@ -51,10 +51,12 @@ ACCUMULATORS = ("1", "2", "4")
 def norm_lanes(cols: int, target: Any) -> int:
     """fp32 lanes of the row loops: softmax's (the vector width, or 8 or 4, dividing the row);
     off that grid, the largest divisor of the row up to the vector width; 0 if it has none but 1."""
-    lanes = softmax_lanes(cols, target)
-    if lanes:
-        return lanes
-    return next((d for d in range(vector_lanes(target, 32), 1, -1) if cols % d == 0), 0)
+    return softmax_lanes(cols, target) or odd_lanes(cols, vector_lanes(target, 32))
+
+
+def odd_lanes(cols: int, most: int) -> int:
+    """The largest divisor of `cols` from 2 to `most`; 0 if there is none."""
+    return next((d for d in range(most, 1, -1) if cols % d == 0), 0)
 
 
 def partial_sums(sch: Any, block: Any, partials: int, rows: int) -> list[Any]:
@@ -106,7 +108,7 @@ class NormX86(StructuralTemplate):
         assert isinstance(m, NormMatch)
         # the lanes as on AVX-512: 16, or off the 4 grid the row's largest divisor up to 16 (a
         # narrower target's `schedule` takes fewer partials where these do not divide the row)
-        lanes = next((d for d in range(16, 1, -1) if m.cols % d == 0), 0) if m.cols % 4 else 16
+        lanes = odd_lanes(m.cols, 16) if m.cols % 4 else 16
         return [v for v in super().design_variants(workload) if v["accumulators"] == "1"
                 or (lanes and m.cols % (lanes * int(v["accumulators"])) == 0)]
 
