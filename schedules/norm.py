@@ -15,12 +15,16 @@ The template:
 
 Rows that no power-of-two vector divides (a length not a multiple of 4) keep the template with
 narrower, odd vectors: the largest divisor of the row up to the vector width (a row of 30: 15
-lanes, of 770: 14), one level of partial sums (rfactor: that many lanes, or twice as many where
-they divide the row, knob `accumulators`) summed serially, and the normalisation as one vector
-of the whole row (LLVM splits an odd-width vector into legal ones; the whole row measured faster
-than 15-lane steps: 18 against 28 µs on 256×390; rows longer than `MAX_ROW` go in steps of the
-odd width). A row with no divisor between 2 and the vector width (a prime longer than it) is
-left to the generated space.
+lanes, of 770: 14), one level of partial sums (rfactor) summed serially, as many as the row's
+largest divisor up to 16, 32 or 64 (knob `accumulators`: 9, 27 or 57 for a row of 1026; on 2 Zen 5
+cores RMS norm 128×1026 took 6.6, 5.7 and 6.3 µs), the normalisation either one vector
+of the whole row (LLVM splits an odd-width vector into legal ones; faster than 15-lane steps: 18
+against 28 µs on 256×390) or a plain loop that LLVM's loop vectorizer takes (knob `normalise`:
+on 2 Zen 5 cores, RMS norm 128×1026 took 11.1 µs with the vector and 9.8 with the loop), and the
+row's loops unrolled or not (knob `unroll`: unrolled, the odd-width partials stay in registers
+instead of a store and a reload of an odd-width vector per step: 19 partials, 10.1 → 6.2 µs).
+Rows longer than `MAX_ROW` go in steps of the odd width. A row with no divisor between 2 and the
+vector width (a prime longer than it) is left to the generated space.
 
 Summation order changes (partial sums), within any tolerance a float32 normalisation has. With one
 accumulator, a row sum waits an add's latency per vector: on 2 Xeon (Emerald Rapids) cores, BERT's
@@ -33,7 +37,7 @@ from __future__ import annotations
 from typing import Any
 
 from schedules.base import StructuralTemplate, is_x86, vector_lanes
-from schedules.knobs import DesignSpace, PerfectTile, knob_table
+from schedules.knobs import Categorical, DesignSpace, PerfectTile, knob_table
 from schedules.match_norm import COLUMN, ELEMENTWISE, ROW, SUM, NormMatch, match_norm
 from schedules.row_intrinsics import MAX_ROW
 from schedules.softmax import (
@@ -46,6 +50,7 @@ from tuner.workloads import Workload
 
 MAX_ROWS_PER_TASK = 16
 ACCUMULATORS = ("1", "2", "4")
+NORMALISE = ("vector", "loop")
 
 
 def norm_lanes(cols: int, target: Any) -> int:
@@ -57,6 +62,16 @@ def norm_lanes(cols: int, target: Any) -> int:
 def odd_lanes(cols: int, most: int) -> int:
     """The largest divisor of `cols` from 2 to `most`; 0 if there is none."""
     return next((d for d in range(most, 1, -1) if cols % d == 0), 0)
+
+
+def partial_count(cols: int, width: int, accumulators: str) -> int:
+    """How many partial sums a row of `cols` takes with `accumulators` vectors of `width` lanes:
+    on the 4 grid, the vectors' lanes where they divide the row; off it, the row's largest divisor
+    up to the vectors' lanes; 0 if there is none."""
+    most = width * int(accumulators)
+    if cols % 4 == 0:
+        return most if cols % most == 0 else 0
+    return odd_lanes(cols, most)
 
 
 def partial_sums(sch: Any, block: Any, partials: int, rows: int) -> list[Any]:
@@ -84,7 +99,13 @@ class NormX86(StructuralTemplate):
         accumulators=DesignSpace(ACCUMULATORS, doc="vector accumulators of each row sum "
                                                    "(independent add chains): those for which "
                                                    "16 lanes each divide the row; off the 4 "
-                                                   "grid, 1 or 2 of its odd width"),
+                                                   "grid, the row's largest divisor up to 16 "
+                                                   "lanes each"),
+        normalise=DesignSpace(NORMALISE, doc="off the 4 grid: the normalisation as one vector "
+                                             "of the whole row, or a loop left to LLVM's loop "
+                                             "vectorizer (on the grid: vectors of the lanes)"),
+        unroll=Categorical((0, 512), doc="off the 4 grid: the explicit unroll depth of a "
+                                         "row's loops (pragma_auto_unroll_max_step)"),
     )
 
     def why_not(self, workload: Workload, target: Any) -> str | None:
@@ -106,20 +127,21 @@ class NormX86(StructuralTemplate):
     def design_variants(self, workload: Workload) -> list[dict[str, Any]]:
         m = match_norm(workload)
         assert isinstance(m, NormMatch)
-        # the lanes as on AVX-512: 16, or off the 4 grid the row's largest divisor up to 16 (a
-        # narrower target's `schedule` takes fewer partials where these do not divide the row)
-        lanes = odd_lanes(m.cols, 16) if m.cols % 4 else 16
-        return [v for v in super().design_variants(workload) if v["accumulators"] == "1"
-                or (lanes and m.cols % (lanes * int(v["accumulators"])) == 0)]
+        # the partial sums as on AVX-512 (16 lanes), one space for each distinct count (a
+        # narrower target's `schedule` takes fewer where these do not fit it)
+        counts = [partial_count(m.cols, 16, acc) for acc in ACCUMULATORS]
+        distinct = ["1", *(acc for i, acc in enumerate(ACCUMULATORS[1:], start=1)
+                           if counts[i] and counts[i] not in counts[:i])]
+        loop_too = m.cols % 4 != 0 and m.cols <= MAX_ROW  # where `normalise` has a choice
+        return [v for v in super().design_variants(workload)
+                if v["accumulators"] in distinct and (loop_too or v["normalise"] == "vector")]
 
     def schedule(self, sch: Any, workload: Workload, target: Any, *,
-                 accumulators: str) -> None:
+                 accumulators: str, normalise: str = "vector") -> None:
         m = match_norm(workload)
         assert isinstance(m, NormMatch), m
         lanes = norm_lanes(m.cols, target)
-        partials = lanes * int(accumulators)  # divides cols (design_variants) on AVX-512
-        if m.cols % partials:
-            partials = lanes
+        partials = partial_count(m.cols, vector_lanes(target, 32), accumulators) or lanes
         out_name = m.kinds[-1][0]
         for name, kind in m.kinds[:-1]:
             if kind in (ELEMENTWISE, COLUMN):
@@ -142,11 +164,17 @@ class NormX86(StructuralTemplate):
             elif kind == SUM:
                 for b in chains[name]:
                     sch.compute_at(b, r1, preserve_unit_loops=True)
-        if lanes & (lanes - 1) == 0 or m.cols > MAX_ROW:
+        if m.cols % 4 == 0:
             _, j1 = sch.split(j, [None, lanes])
             sch.vectorize(j1)
-        else:  # off the grid, the whole row as one vector: LLVM splits it into full ones
-            sch.vectorize(j)
+        else:  # off the grid
+            sch.annotate(r1, "pragma_auto_unroll_max_step", self.sample(sch, "unroll"))
+            sch.annotate(r1, "pragma_unroll_explicit", 1)
+            if m.cols > MAX_ROW:
+                _, j1 = sch.split(j, [None, lanes])
+                sch.vectorize(j1)
+            elif normalise == "vector":  # LLVM splits the whole row into full vectors
+                sch.vectorize(j)
         for chain in chains.values():
             # loops under r1: row, reduced, one per lane bit (rf stage s has s + 1 bits)
             for bits, rf in enumerate(chain[1:], start=1):

@@ -14,6 +14,7 @@ from schedules import registry
 from schedules.match import NoMatch
 from schedules.match_norm import COLUMN, ELEMENTWISE, ROW, SUM, NormMatch, match_norm_func
 from tests.schedules.test_spaces import X86, check_outputs, sample_points
+from tuner import tvm_api as tv
 from tuner.workloads import parse_spec
 
 
@@ -51,6 +52,7 @@ def test_relax_normalisations_get_the_norm_template(shape: tuple[int, ...], kind
         # every elementwise block folded: the output's block reads the input itself
         assert all(f'T.sblock("{n}")' not in text for n in m.named(ELEMENTWISE)[:-1]), text
         assert "T.vectorized" in text and "T.parallel" in text
+        assert "pragma_auto_unroll_max_step" not in text  # the unroll knob is off the grid's
         check_outputs(sch, wl, X86)
 
 
@@ -59,6 +61,8 @@ def test_the_norm_space_lists_its_knobs() -> None:
     knobs = registry.TEMPLATES["norm-x86"].knobs(wl)
     assert knobs["rows"]["kind"] == "perfect_tile" and knobs["rows"]["extent"] == 8, knobs
     assert knobs["accumulators"]["choices"] == ["1", "2", "4"]
+    assert knobs["normalise"]["choices"] == ["vector"]  # "loop" too off the 4 grid
+    assert knobs["unroll"]["choices"] == [0, 512]
 
 
 def _softmax() -> Any:
@@ -88,28 +92,38 @@ def test_what_the_norm_matcher_does_not_serve_says_why(func: Any, why: str) -> N
     assert isinstance(got, NoMatch) and why in got.reason, got
 
 
-@pytest.mark.parametrize(("shape", "kind", "lanes"), [
-    ((4, 30), "layer_norm", 15),      # 30 = 2 x 15: 15 or 30 partial lanes
-    ((2, 3, 18), "rms_norm", 9),      # 18 = 2 x 9, over two row dimensions
-    ((3, 22), "layer_norm", 11),
+@pytest.mark.parametrize(("shape", "kind", "counts"), [
+    # partial sums: the row's largest divisor up to 16, 32 and 64 lanes, each count once
+    ((4, 30), "layer_norm", (15, 30)),
+    ((2, 3, 18), "rms_norm", (9, 18)),  # over two row dimensions
+    ((3, 22), "layer_norm", (11, 22)),
+    ((2, 54), "rms_norm", (9, 27, 54)),
 ])
 def test_rows_off_the_vector_grid_keep_the_template_in_odd_vectors(
-        shape: tuple[int, ...], kind: str, lanes: int) -> None:
+        shape: tuple[int, ...], kind: str, counts: tuple[int, ...]) -> None:
     wl = tir(relax_tasks.norm(shape, kind))
     assert registry.resolve("default", wl, X86) == "norm-x86"
     tpl = registry.TEMPLATES["norm-x86"]
-    assert [v["accumulators"] for v in tpl.design_variants(wl)] == ["1", "2"]
+    out = match_norm_func(wl.prim_func()).kinds[-1][0]
+    variants = tpl.design_variants(wl)
+    assert [(v["accumulators"], v["normalise"]) for v in variants] == [
+        (acc, form) for acc in ("1", "2", "4")[:len(counts)] for form in ("vector", "loop")]
     points = sample_points(registry.space_generator("norm-x86", wl, X86), wl, X86, n=2)
-    assert len(points) == 4  # two per design space, in the order of the variants
+    assert len(points) == 2 * len(variants)  # two per design space, in the order of the variants
     for i, sch in enumerate(points):
+        v = variants[i // 2]
         text = sch.mod.script()
         # the row sums' partials: one rfactor block of lanes x accumulators, no halving tree
         assert "_rf" in text and "_rf_rf" not in text, text
-        assert "T.parallel" in text
-        # ... and the normalisation: the whole row as one vector
-        for width in (lanes * (1 + i // 2), shape[-1]):
-            assert (f"T.vectorized({width})" in text
-                    or f"T.vectorized(T.int64({width}))" in text), (width, text)
+        assert "T.parallel" in text and "pragma_auto_unroll_max_step" in text, text
+        partials = counts[i // 4]
+        assert (f"T.vectorized({partials})" in text
+                or f"T.vectorized(T.int64({partials}))" in text), (partials, text)
+        # ... and the normalisation: the whole row as one vector, or a loop left to LLVM
+        row = sch.get(sch.get_loops(sch.get_sblock(out))[-1])
+        assert int(row.extent) == shape[-1]
+        vectorized = row.kind == tv.tvm.tirx.ForKind.VECTORIZED
+        assert vectorized == (v["normalise"] == "vector"), (v, text)
         check_outputs(sch, wl, X86)
 
 
