@@ -270,7 +270,7 @@ FUSED: list[dict[str, Any]] = [
     {"id": "F22", "title": "int8 linear 128×768→768 +requantize", "peak": "int8",
      "model": {"kind": "int8_linear", "m": 128, "n": 768, "k": 768, "scale": 0.001}},
     # normalisations over rows that no power-of-two vector divides (not a multiple of 4):
-    # norm-x86's odd vectors (15 and 9 lanes)
+    # norm-x86's odd widths (partials of the row's largest divisor up to 16, 32 or 64 lanes)
     {"id": "F23", "title": "layer norm 256×390 (off the 4 grid)", "peak": "fp32",
      "model": {"kind": "norm", "shape": [256, 390], "norm": "layer_norm"}},
     {"id": "F24", "title": "RMS norm 1×128×1026 (off the 4 grid)", "peak": "fp32",

@@ -13,18 +13,21 @@ The template:
   vectors, independent add chains; 8 or 4 lanes each on narrower targets or rows) and a halving
   tree (`rfactor`, as softmax-x86 does), and the normalisation as vectors.
 
-Rows that no power-of-two vector divides (a length not a multiple of 4) keep the template with
-narrower, odd vectors: the largest divisor of the row up to the vector width (a row of 30: 15
-lanes, of 770: 14), one level of partial sums (rfactor) summed serially, as many as the row's
-largest divisor up to 16, 32 or 64 (knob `accumulators`: 9, 27 or 57 for a row of 1026; on 2 Zen 5
-cores RMS norm 128×1026 took 6.6, 5.7 and 6.3 µs), the normalisation either one vector
-of the whole row (LLVM splits an odd-width vector into legal ones; faster than 15-lane steps: 18
-against 28 µs on 256×390) or a plain loop that LLVM's loop vectorizer takes (knob `normalise`:
-on 2 Zen 5 cores, RMS norm 128×1026 took 11.1 µs with the vector and 9.8 with the loop), and the
-row's loops unrolled or not (knob `unroll`: unrolled, the odd-width partials stay in registers
-instead of a store and a reload of an odd-width vector per step: 19 partials, 10.1 → 6.2 µs).
-Rows longer than `MAX_ROW` go in steps of the odd width. A row with no divisor between 2 and the
-vector width (a prime longer than it) is left to the generated space.
+Rows that no power-of-two vector divides (a length not a multiple of 4) keep the template in
+odd widths (measured on 2 Zen 5 cores, RMS norm 128×1026 at 64 × 2 rows, `bench/RESULTS.md` Run AG):
+
+- each row sum is one level of partial sums (rfactor), summed serially, as many as the row's
+  largest divisor up to 16, 32 or 64 (knob `accumulators`: 9, 27 or 57 for a row of 1026:
+  9.7, 5.8 and 6.5 µs, as a loop, unrolled);
+- the normalisation is one vector of the whole row, which LLVM splits into legal ones, or a plain
+  loop that LLVM's loop vectorizer takes (knob `normalise`; the vector beat 15-lane steps, 18
+  against 28 µs on 256×390; with 27 partials, unrolled: vector 7.7, loop 5.8 µs);
+- the row's loops are unrolled or not (knob `unroll`): 7.2 → 5.8 µs with 27 partials and the
+  loop (the unrolled kernel's assembly has half the lane inserts that assemble odd-width
+  vectors, 76 against 152, and 21 stack accesses against 52);
+- rows longer than `MAX_ROW` go in steps of the largest divisor up to the vector width, and a row
+  with no divisor between 2 and the vector width (a prime longer than it) is left to the
+  generated space.
 
 Summation order changes (partial sums), within any tolerance a float32 normalisation has. With one
 accumulator, a row sum waits an add's latency per vector: on 2 Xeon (Emerald Rapids) cores, BERT's
@@ -90,7 +93,8 @@ class NormX86(StructuralTemplate):
     description = ("fp32 row normalisations (layer norm, RMS norm): elementwise blocks folded, "
                    "rows in parallel, each row's sums as vector partials with a log-tree "
                    "horizontal reduction, the normalisation vectorized. Rows off the 4 grid: "
-                   "vectors of the largest divisor of the row up to the vector width.")
+                   "partials of the row's largest divisor up to 16, 32 or 64 lanes, the "
+                   "normalisation a vector or a loop for LLVM, unrolled or not.")
     tensorize = False
     population_size = 16  # a few points: the divisors of the last row dimension up to 16
     KNOBS = knob_table(
