@@ -103,8 +103,8 @@ class NormX86(StructuralTemplate):
         accumulators=DesignSpace(ACCUMULATORS, doc="vector accumulators of each row sum "
                                                    "(independent add chains): those for which "
                                                    "16 lanes each divide the row; off the 4 "
-                                                   "grid, the row's largest divisor up to 16 "
-                                                   "lanes each"),
+                                                   "grid, partials of the row's largest divisor "
+                                                   "up to 16 lanes per accumulator"),
         normalise=DesignSpace(NORMALISE, doc="off the 4 grid: the normalisation as one vector "
                                              "of the whole row, or a loop left to LLVM's loop "
                                              "vectorizer (on the grid: vectors of the lanes)"),
