@@ -96,7 +96,7 @@ class NormX86(StructuralTemplate):
                    "partials of the row's largest divisor up to 16, 32 or 64 lanes, the "
                    "normalisation a vector or a loop for LLVM, unrolled or not.")
     tensorize = False
-    population_size = 16  # a few points: the divisors of the last row dimension up to 16
+    population_size = 16  # small spaces: the rows knob's divisors (x unroll off the 4 grid)
     KNOBS = knob_table(
         rows=PerfectTile(2, max_innermost=MAX_ROWS_PER_TASK, of="the last row dimension",
                          doc="[parallel (with the outer row dimensions), rows per task]"),
@@ -134,8 +134,8 @@ class NormX86(StructuralTemplate):
         # the partial sums as on AVX-512 (16 lanes), one space for each distinct count (a
         # narrower target's `schedule` takes fewer where these do not fit it)
         counts = [partial_count(m.cols, 16, acc) for acc in ACCUMULATORS]
-        distinct = ["1", *(acc for i, acc in enumerate(ACCUMULATORS[1:], start=1)
-                           if counts[i] and counts[i] not in counts[:i])]
+        distinct = [acc for i, acc in enumerate(ACCUMULATORS)
+                    if i == 0 or (counts[i] and counts[i] not in counts[:i])]
         loop_too = m.cols % 4 != 0 and m.cols <= MAX_ROW  # where `normalise` has a choice
         return [v for v in super().design_variants(workload)
                 if v["accumulators"] in distinct and (loop_too or v["normalise"] == "vector")]

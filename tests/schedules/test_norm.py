@@ -13,6 +13,7 @@ from bench import fused as relax_tasks
 from schedules import registry
 from schedules.match import NoMatch
 from schedules.match_norm import COLUMN, ELEMENTWISE, ROW, SUM, NormMatch, match_norm_func
+from schedules.norm import ACCUMULATORS
 from tests.schedules.test_spaces import X86, check_outputs, sample_points
 from tuner import tvm_api as tv
 from tuner.workloads import parse_spec
@@ -113,10 +114,10 @@ def test_rows_off_the_vector_grid_keep_the_template_in_odd_vectors(
     for i, sch in enumerate(points):
         v = variants[i // 2]
         text = sch.mod.script()
-        # the row sums' partials: one rfactor block of lanes x accumulators, no halving tree
+        # the row sums' partials: one rfactor block of the variant's count, no halving tree
         assert "_rf" in text and "_rf_rf" not in text, text
         assert "T.parallel" in text and "pragma_auto_unroll_max_step" in text, text
-        partials = counts[i // 4]
+        partials = counts[ACCUMULATORS.index(v["accumulators"])]
         assert (f"T.vectorized({partials})" in text
                 or f"T.vectorized(T.int64({partials}))" in text), (partials, text)
         # ... and the normalisation: the whole row as one vector, or a loop left to LLVM
