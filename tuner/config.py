@@ -38,6 +38,9 @@ class Settings(BaseSettings):
     # a candidate whose first timed repeat is slower than the job's best times this is timed
     # once only (0: every candidate gets `repeats`)
     prune_factor: float = Field(default=1.5, ge=0.0)
+    # ... and one whose faster of its first two repeats is slower than the best times this gets
+    # those two only (0: no limit after the second repeat)
+    confirm_factor: float = Field(default=1.1, ge=0.0)
     noise_cv: float = 0.10  # records whose samples vary more than this (stdev/mean) are "noisy"
 
     # search

@@ -103,11 +103,16 @@ REPEAT_FLOOR = 0.5
 def time_kernel(rt: Any, args: list[Any], opts: Any, dev: Any) -> tuple[float, ...]:
     """`opts.repeats` samples (seconds per call) with TVM's `time_evaluator`: each repeat runs the
     kernel for about `min_repeat_ms` (see `calls_per_repeat`), or once after a CPU cache flush with
-    `cache_flush`. A kernel whose first repeat is slower than `prune_limit` gets that one only.
+    `cache_flush`. A kernel races the job's best (`prune_limits`): one whose first repeat is
+    slower than the first limit gets that one only; one whose faster of two repeats is slower
+    than the second gets those two. Either way it cannot be the new best.
 
     What pruning saves, measured on a 2-core Zen 4: a candidate costs ~260 ms to time with 5
     repeats of 40 ms, ~90 ms with one; in the fused suite's F5, F10 and F22 (templates, 64
-    trials) 3, 4 and 8 candidates were more than 1.5x slower than the best known then."""
+    trials) 3, 4 and 8 candidates were more than 1.5x slower than the best known then. Why the
+    second limit is tighter, from 157 candidates timed 5 times on a Zen 5: the first repeat read
+    more than 10% above the candidate's median 6 times (a cold first repeat), the faster of the
+    first two only once."""
     if opts.cache_flush:
         # number=1 so every timed run starts with cold caches (TVM flushes all args but the first)
         kw: dict[str, Any] = {"number": 1, "f_preproc": "cache_flush_cpu_non_first_arg"}
@@ -120,22 +125,27 @@ def time_kernel(rt: Any, args: list[Any], opts: Any, dev: Any) -> tuple[float, .
         return tuple(float(x) for x in ev(*args).results)
 
     repeats = max(opts.repeats, 1)
-    limit = prune_limit(opts)
-    if limit is None or repeats == 1:
-        return timed(repeats)
-    first = timed(1)
-    if first[0] > limit:
-        return first  # no new best: the other repeats would only say how slow
-    return first + timed(repeats - 1)
+    samples: tuple[float, ...] = ()
+    for limit in prune_limits(opts)[:repeats - 1]:
+        samples += timed(1)
+        if limit is not None and min(samples) > limit:
+            return samples  # no new best: the other repeats would only say how slow
+    return samples + timed(repeats - len(samples))
 
 
-def prune_limit(opts: Any) -> float | None:
-    """The time per call above which one repeat is all a kernel gets (`MeasureOptions.
-    prune_factor` times the job's best so far); None when every kernel gets every repeat."""
-    best, factor = opts.verify_below_s, opts.prune_factor
-    if best is None or not factor or factor <= 0:
-        return None
-    return float(best) * float(factor)
+def prune_limits(opts: Any) -> tuple[float | None, ...]:
+    """The times per call above which a kernel's fastest sample ends its timing: after its first
+    repeat (`MeasureOptions.prune_factor` times the job's best so far) and after its second
+    (`confirm_factor` times it). Empty when every kernel gets every repeat at once; None where a
+    factor is 0 (no limit at that repeat; none after the last limit)."""
+    best = opts.verify_below_s
+    if best is None:
+        return ()
+    limits = [float(best) * float(f) if f and f > 0 else None
+              for f in (opts.prune_factor, opts.confirm_factor)]
+    while limits and limits[-1] is None:
+        limits.pop()
+    return tuple(limits)
 
 
 def calls_per_repeat(rt: Any, args: list[Any], min_repeat_ms: float, dev: Any) -> int:

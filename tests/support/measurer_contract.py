@@ -257,3 +257,10 @@ class MeasurerContract:
         near = m.measure_one(against("near", 10.0))
         assert far.ok and len(far.latencies_s) == 1 and far.latencies_s[0] > 1.5e-9, far.error_msg
         assert near.ok and len(near.latencies_s) == 3, near.error_msg
+        # past best x confirm_factor by far, with no limit on the first repeat: two repeats
+        assert near.median_s is not None
+        between = m.measure_one(replace(
+            base, trial_id=f"{base.trial_id}-between",
+            options=replace(base.options, verify_below_s=near.median_s / 2, prune_factor=0.0,
+                            confirm_factor=1.1)))
+        assert between.ok and len(between.latencies_s) == 2, between.error_msg

@@ -95,10 +95,47 @@ def test_a_kernel_within_the_prune_limit_gets_every_repeat(per_call_s: float) ->
     assert first["number"] == rest["number"]  # one calibration for all five repeats
 
 
+@pytest.mark.parametrize(("per_call_s", "repeats_asked"), [
+    (400e-6, (1,)),  # slower than best x 1.5: one repeat
+    (250e-6, (1, 1)),  # within 1.5, slower than best x 1.1: two
+    (210e-6, (1, 1, 3)),  # within both: every repeat, calibrated once
+    (100e-6, (1, 1, 3)),  # a new best
+])
+def test_a_kernel_races_the_best_over_its_first_two_repeats(
+        per_call_s: float, repeats_asked: tuple[int, ...]) -> None:
+    rt = FakeModule(per_call_s=per_call_s)
+    opts = MeasureOptions(min_repeat_ms=10, repeats=5, verify_below_s=200e-6, prune_factor=1.5,
+                          confirm_factor=1.1)
+    assert time_kernel(rt, [], opts, DEV) == (per_call_s,) * sum(repeats_asked)
+    timed = rt.evaluators[-len(repeats_asked):]
+    assert tuple(e["repeat"] for e in timed) == repeats_asked
+    assert len({e["number"] for e in timed}) == 1
+
+
+def test_the_second_limit_reads_the_faster_of_two_repeats() -> None:
+    """A cold first repeat past the second limit does not end the timing: the faster of the two
+    decides."""
+    rt = FakeModule(per_call_s=0.0)
+    samples = iter([260e-6, 190e-6, 190e-6, 190e-6, 190e-6])
+    rt.time_evaluator = lambda name, dev, **kw: (  # type: ignore[method-assign]
+        lambda *_a: SimpleNamespace(results=[next(samples) for _ in range(kw["repeat"])]))
+    opts = MeasureOptions(min_repeat_ms=0, repeats=5, verify_below_s=200e-6, prune_factor=1.5,
+                          confirm_factor=1.1)
+    assert time_kernel(rt, [], opts, DEV) == (260e-6,) + (190e-6,) * 4
+
+
+def test_with_the_second_limit_alone_the_first_repeat_never_ends_the_timing() -> None:
+    rt = FakeModule(per_call_s=400e-6)
+    opts = MeasureOptions(min_repeat_ms=10, repeats=5, verify_below_s=200e-6, prune_factor=0.0,
+                          confirm_factor=1.1)
+    assert time_kernel(rt, [], opts, DEV) == (400e-6,) * 2
+
+
 @pytest.mark.parametrize("opts", [
-    MeasureOptions(repeats=5, prune_factor=1.5),  # no best yet
+    MeasureOptions(repeats=5, prune_factor=1.5, confirm_factor=1.1),  # no best yet
     MeasureOptions(repeats=5, verify_below_s=1e-6, prune_factor=0.0),  # pruning off
-    MeasureOptions(repeats=1, verify_below_s=1e-6, prune_factor=1.5),  # nothing to save
+    MeasureOptions(repeats=1, verify_below_s=1e-6, prune_factor=1.5,
+                   confirm_factor=1.1),  # nothing to save
 ])
 def test_without_a_limit_every_repeat_is_timed_at_once(opts: MeasureOptions) -> None:
     rt = FakeModule(per_call_s=400e-6)

@@ -49,6 +49,9 @@ class MeasureOptions:
     # again: one repeat is enough to know it is no new best (its record holds that one sample);
     # 0: every kernel is timed `repeats` times
     prune_factor: float = 0.0
+    # ... and one whose faster of two repeats is slower than `verify_below_s` times this gets
+    # those two (0: no limit after the second repeat)
+    confirm_factor: float = 0.0
 
     @classmethod
     def from_settings(cls, settings: Settings, target: dict[str, Any], *,
@@ -60,7 +63,8 @@ class MeasureOptions:
         return cls(min_repeat_ms=settings.min_repeat_ms, repeats=settings.repeats,
                    cache_flush=settings.cache_flush if cache_flush is None else cache_flush,
                    build_timeout_s=settings.build_timeout_s, run_timeout_s=settings.run_timeout_s,
-                   num_threads=threads, prune_factor=settings.prune_factor)
+                   num_threads=threads, prune_factor=settings.prune_factor,
+                   confirm_factor=settings.confirm_factor)
 
 
 def gflops(flops: float, seconds: float | None) -> float | None:
