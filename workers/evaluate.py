@@ -136,8 +136,8 @@ def time_kernel(rt: Any, args: list[Any], opts: Any, dev: Any) -> tuple[float, .
 def prune_limits(opts: Any) -> tuple[float | None, ...]:
     """The times per call above which a kernel's fastest sample ends its timing: after its first
     repeat (`MeasureOptions.prune_factor` times the job's best so far) and after its second
-    (`confirm_factor` times it). Empty when every kernel gets every repeat at once; None where a
-    factor is 0 (no limit at that repeat; none after the last limit)."""
+    (`confirm_factor` times it). A factor of 0 gives None (no limit after that repeat), and
+    trailing Nones are dropped: empty when every repeat is timed at once."""
     best = opts.verify_below_s
     if best is None:
         return ()
