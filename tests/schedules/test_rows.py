@@ -19,6 +19,7 @@ from schedules.match_rows import (
     match_softmax_func,
 )
 from tests.schedules.test_spaces import X86, check_outputs, sample_points
+from tuner import tvm_api as tv
 from tuner.workloads import parse_spec
 
 
@@ -103,6 +104,21 @@ def test_a_transposed_read_is_left_to_the_generated_space() -> None:
     why = registry.TEMPLATES["activation-x86"].why_not(wl, X86)
     assert why is not None and ("per vector" in why or "elements of the activation" in why), why
     assert registry.resolve("default", wl, X86) == "auto"
+
+
+@pytest.mark.parametrize(("mcpu", "why"), [
+    ("znver3", None),  # AVX2: each 16-lane vector computed as two halves
+    ("skylake-avx512", None),
+    ("nehalem", "not an x86 LLVM target with AVX2 or AVX-512"),  # SSE4.2: 4 lanes
+])
+def test_the_activation_template_wants_avx2_or_avx512(mcpu: str, why: str | None) -> None:
+    """Found on a Zen 3 (AVX2): relax's GELU over 128x3072 (fused suite F17) fell to the
+    generated space, one libm erff call per element, and ran 5x slower than PyTorch; with the
+    template it ran 2x faster (bench/RESULTS.md Run AL)."""
+    wl = tir(relax_tasks.activation((32, 96), "gelu"))
+    target = tv.make_target({"kind": "llvm", "mcpu": mcpu, "num-cores": 2})
+    assert registry.TEMPLATES["activation-x86"].why_not(wl, target) == why
+    assert registry.resolve("default", wl, target) == ("auto" if why else "activation-x86")
 
 
 @pytest.mark.parametrize("shape", [(1, 4, 16, 32), (3, 24, 48), (10, 64),
