@@ -85,21 +85,25 @@ def test_a_kernel_slower_than_the_prune_limit_gets_one_repeat(flush: bool) -> No
     assert rt.evaluators[-1]["repeat"] == 1
 
 
-@pytest.mark.parametrize("per_call_s", [250e-6, 100e-6])
-def test_a_kernel_within_the_prune_limit_gets_every_repeat(per_call_s: float) -> None:
+@pytest.mark.parametrize(("per_call_s", "repeats_asked"), [
+    (250e-6, (1, 2)),  # within the limit but slower than the best: three repeats end it
+    (100e-6, (1, 3, 1)),  # a new best: every repeat (three could have ended it)
+])
+def test_a_kernel_within_the_prune_limit_races_on(per_call_s: float,
+                                                   repeats_asked: tuple[int, ...]) -> None:
     rt = FakeModule(per_call_s=per_call_s)
     opts = MeasureOptions(min_repeat_ms=10, repeats=5, verify_below_s=200e-6, prune_factor=1.5)
-    assert time_kernel(rt, [], opts, DEV) == (per_call_s,) * 5
-    first, rest = rt.evaluators[-2:]
-    assert (first["repeat"], rest["repeat"]) == (1, 4)
-    assert first["number"] == rest["number"]  # one calibration for all five repeats
+    assert time_kernel(rt, [], opts, DEV) == (per_call_s,) * sum(repeats_asked)
+    timed = rt.evaluators[-len(repeats_asked):]
+    assert tuple(e["repeat"] for e in timed) == repeats_asked
+    assert len({e["number"] for e in timed}) == 1  # one calibration for all the repeats
 
 
 @pytest.mark.parametrize(("per_call_s", "repeats_asked"), [
     (400e-6, (1,)),  # slower than best x 1.5: one repeat
     (250e-6, (1, 1)),  # within 1.5, slower than best x 1.1: two
-    (210e-6, (1, 1, 3)),  # within both: every repeat, calibrated once
-    (100e-6, (1, 1, 3)),  # a new best
+    (210e-6, (1, 1, 1)),  # within both, but three of five slower than the best: its median is
+    (100e-6, (1, 1, 3)),  # a new best: every repeat, calibrated once
 ])
 def test_a_kernel_races_the_best_over_its_first_two_repeats(
         per_call_s: float, repeats_asked: tuple[int, ...]) -> None:
@@ -122,6 +126,50 @@ def test_the_second_limit_reads_the_faster_of_two_repeats() -> None:
     opts = MeasureOptions(min_repeat_ms=0, repeats=5, verify_below_s=200e-6, prune_factor=1.5,
                           confirm_factor=1.1)
     assert time_kernel(rt, [], opts, DEV) == (260e-6,) + (190e-6,) * 4
+
+
+def scripted(samples: list[float]) -> FakeModule:
+    """A module whose repeats read `samples` in turn."""
+    rt = FakeModule(per_call_s=100e-6)
+    it = iter(samples)
+
+    def evaluator(name: str, dev: Any, **kw: Any) -> Any:
+        rt.evaluators.append(kw)
+        if kw["number"] == 1:  # the calibration's probe
+            return lambda *_a: SimpleNamespace(mean=rt.per_call_s)
+        return lambda *_a: SimpleNamespace(results=[next(it) for _ in range(kw["repeat"])])
+    rt.time_evaluator = evaluator  # type: ignore[method-assign]
+    return rt
+
+
+@pytest.mark.parametrize(("samples", "repeats_asked"), [
+    ([190e-6, 210e-6, 210e-6, 210e-6, 210e-6], (1, 1, 2)),  # the 3rd slower one ends it at 4
+    ([210e-6, 190e-6, 190e-6, 210e-6, 210e-6], (1, 1, 2, 1)),  # the 3rd slower one is the 5th
+    ([210e-6, 190e-6, 190e-6, 190e-6, 210e-6], (1, 1, 2, 1)),  # a new best: all five
+    ([190e-6, 190e-6, 210e-6, 210e-6, 210e-6], (1, 1, 3)),  # can no longer lose: the rest at once
+])
+def test_a_kernel_stops_once_its_median_cannot_beat_the_best(
+        samples: list[float], repeats_asked: tuple[int, ...]) -> None:
+    """Once more than half of its five repeats read slower than the best, the median of five
+    would too: the timing ends there, in as few time_evaluator calls as that takes."""
+    rt = scripted(samples)
+    opts = MeasureOptions(min_repeat_ms=10, repeats=5, verify_below_s=200e-6, prune_factor=1.5,
+                          confirm_factor=1.1)
+    got = time_kernel(rt, [], opts, DEV)
+    assert got == tuple(samples[:sum(repeats_asked)])
+    assert tuple(e["repeat"] for e in rt.evaluators[1:]) == repeats_asked
+    if len(got) < 5:  # the median of all five would not have beaten the best either
+        assert sorted(samples)[2] > 200e-6
+
+
+def test_a_kernel_that_fills_a_repeat_alone_is_not_stepped() -> None:
+    """With one call per repeat, another time_evaluator call costs a whole untimed repeat: past
+    the limits the repeats are timed at once."""
+    rt = FakeModule(per_call_s=0.03, first_s=0.03)
+    opts = MeasureOptions(min_repeat_ms=20, repeats=5, verify_below_s=0.029, prune_factor=1.5,
+                          confirm_factor=1.1)
+    assert time_kernel(rt, [], opts, DEV) == (0.03,) * 5
+    assert tuple(e["repeat"] for e in rt.evaluators) == (1, 1, 3)
 
 
 def test_with_the_second_limit_alone_the_first_repeat_never_ends_the_timing() -> None:
