@@ -105,9 +105,9 @@ def time_kernel(rt: Any, args: list[Any], opts: Any, dev: Any) -> tuple[float, .
     kernel for about `min_repeat_ms` (see `calls_per_repeat`), or once after a CPU cache flush with
     `cache_flush`. A kernel races the job's best (`prune_limits`): one whose first repeat is
     slower than the first limit gets that one only; one whose faster of two repeats is slower
-    than the second gets those two. While it races, a kernel also stops as soon as more than
-    half of its repeats are slower than the best (`cannot_win`). Either way it cannot be the new
-    best.
+    than the second gets those two. While it races, a kernel whose repeat is many calls also
+    stops as soon as more than half of its repeats are slower than the best (`cannot_win`).
+    Either way it cannot be the new best.
 
     What pruning saves, measured on a 2-core Zen 4: a candidate costs ~260 ms to time with 5
     repeats of 40 ms, ~90 ms with one; in the fused suite's F5, F10 and F22 (templates, 64

@@ -102,7 +102,7 @@ def test_a_kernel_within_the_prune_limit_races_on(per_call_s: float,
 @pytest.mark.parametrize(("per_call_s", "repeats_asked"), [
     (400e-6, (1,)),  # slower than best x 1.5: one repeat
     (250e-6, (1, 1)),  # within 1.5, slower than best x 1.1: two
-    (210e-6, (1, 1, 1)),  # within both, but three of five slower than the best: its median is
+    (210e-6, (1, 1, 1)),  # within both, but 3 of 5 slower than the best: so is the median
     (100e-6, (1, 1, 3)),  # a new best: every repeat, calibrated once
 ])
 def test_a_kernel_races_the_best_over_its_first_two_repeats(
