@@ -11,6 +11,7 @@ import pytest
 
 from bench import fused as relax_tasks
 from schedules import registry
+from schedules.base import vector_lanes
 from schedules.match import NoMatch
 from schedules.match_norm import COLUMN, ELEMENTWISE, ROW, SUM, NormMatch, match_norm_func
 from schedules.norm import ACCUMULATORS
@@ -93,15 +94,20 @@ def test_what_the_norm_matcher_does_not_serve_says_why(func: Any, why: str) -> N
     assert isinstance(got, NoMatch) and why in got.reason, got
 
 
-@pytest.mark.parametrize(("shape", "kind", "counts"), [
-    # partial sums: the row's largest divisor up to 16, 32 and 64 lanes, each count once
-    ((4, 30), "layer_norm", (15, 30)),
-    ((2, 3, 18), "rms_norm", (9, 18)),  # over two row dimensions
-    ((3, 22), "layer_norm", (11, 22)),
-    ((2, 54), "rms_norm", (9, 27, 54)),
+@pytest.mark.parametrize(("shape", "kind", "by_width"), [
+    # partial sums: the row's largest divisor up to 1, 2 and 4 vectors' lanes, one design space
+    # per distinct count at 16 lanes; a narrower target fills those spaces with its own counts
+    ((4, 30), "layer_norm", {16: (15, 30), 8: (6, 15)}),
+    ((2, 3, 18), "rms_norm", {16: (9, 18), 8: (6, 9)}),  # over two row dimensions
+    ((3, 22), "layer_norm", {16: (11, 22), 8: (2, 11)}),
+    ((2, 54), "rms_norm", {16: (9, 27, 54), 8: (6, 9, 27)}),
 ])
 def test_rows_off_the_vector_grid_keep_the_template_in_odd_vectors(
-        shape: tuple[int, ...], kind: str, counts: tuple[int, ...]) -> None:
+        shape: tuple[int, ...], kind: str, by_width: dict[int, tuple[int, ...]]) -> None:
+    width = vector_lanes(X86, 32)  # the CI machine's CPU varies: AVX-512 or AVX2
+    if width not in by_width:
+        pytest.skip(f"no expected partial counts for {width} lanes")
+    counts = by_width[width]
     wl = tir(relax_tasks.norm(shape, kind))
     assert registry.resolve("default", wl, X86) == "norm-x86"
     tpl = registry.TEMPLATES["norm-x86"]
@@ -132,5 +138,6 @@ def test_rows_of_a_prime_length_are_left_to_the_generated_space() -> None:
     wl = tir(relax_tasks.norm((4, 37), "layer_norm"))
     assert isinstance(match_norm_func(wl.prim_func()), NormMatch)
     why = registry.TEMPLATES["norm-x86"].why_not(wl, X86)
-    assert why == "the row length (37) has no divisor between 2 and 16 (the vector width)"
+    width = vector_lanes(X86, 32)
+    assert why == f"the row length (37) has no divisor between 2 and {width} (the vector width)"
     assert registry.resolve("default", wl, X86) == "auto"
