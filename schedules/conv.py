@@ -1,17 +1,20 @@
-"""Convolution family on x86 with AVX-512 (fp32): conv2d NCHW / NHWC, depthwise_conv2d NCHW,
+"""Convolution family on x86 (fp32; AVX-512, AVX2): conv2d NCHW / NHWC, depthwise_conv2d NCHW,
 matched by structure (`schedules/match_conv.py`): the op specs, and the PrimFuncs relax makes of
 a model's convolutions with their fused epilogues (bias, batch norm, residual add, relu, relu6),
 which are folded into the register tile's write-back (no pass over memory of their own).
 
 - conv2d (both layouts): the NCHWc-style direct convolution. The kernel (a layout-free model
-  constant) is packed by a `meta_schedule.layout_rewrite_preproc` block into output-channel blocks
-  of 16 (one zmm of fp32): NCHW [O,C,KH,KW] -> [O/16, C, KH, KW, 16], NHWC [KH,KW,C,O] ->
-  [O/16, KH, KW, C, 16]; the packing is paid once at compile time (the timed kernel takes the
-  packed weight). The micro-kernel keeps an (ow x ocv*16) accumulator tile in registers: one
-  broadcast input element per output column times ocv zmm kernel vectors per reduction step,
-  the reduction runs over C (blocked) and KH, KW, and the tile is written back after it (NCHW: a
-  scatter of the register tile into the channel planes; NHWC: contiguous vector stores).
-  Parallel over (batch, outer oc blocks, outer output rows).
+  constant) is packed by a `meta_schedule.layout_rewrite_preproc` block into output-channel
+  blocks of one vector register of fp32, L = 16 (zmm) or 8 (AVX2's ymm): NCHW [O,C,KH,KW] ->
+  [O/L, C, KH, KW, L], NHWC [KH,KW,C,O] -> [O/L, KH, KW, C, L]; the packing is paid once at
+  compile time (the timed kernel takes the packed weight). The micro-kernel keeps an
+  (ow x ocv*16) accumulator tile in registers: one broadcast input element per output column
+  times ocv*16/L kernel vectors per reduction step, the reduction runs over C (blocked) and KH,
+  KW, and the tile is written back after it (NCHW: a scatter of the register tile into the
+  channel planes; NHWC: contiguous vector stores). Parallel over (batch, outer oc blocks, outer
+  output rows). AVX2 has 16 registers, not 32, and a 16-channel block takes two of them: there
+  the tile is narrower (`OW_TILE_NARROW`) and each register is a block of the packed kernel of
+  its own (16-lane vectors split by LLVM into ymm halves measured 1.4-1.7x slower).
 - depthwise_conv2d (NCHW): vectorized along the output width (contiguous in NCHW), an
   (oh x ow-vectors) accumulator tile, KH x KW unrolled, parallel over (batch, channel, rows).
 
@@ -29,7 +32,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from schedules.base import StructuralTemplate, fold_epilogue, is_x86
+from schedules.base import StructuralTemplate, fold_epilogue, is_x86, vector_lanes
 from schedules.knobs import (
     Categorical,
     DesignSpace,
@@ -42,7 +45,7 @@ from schedules.match import NoMatch
 from schedules.match_conv import ConvMatch, DepthwiseMatch, match_conv, match_depthwise
 from tuner.workloads import Workload
 
-LANES = 16  # fp32 lanes of a zmm register: the fixed output-channel block of the packed kernel
+BLOCK = 16  # output channels per block of the register tile (knob tile_oc): one zmm of fp32
 UNROLL = Categorical((0, 16, 64, 512), probs=(0.1, 0.3, 0.3, 0.3),
                      doc="explicit unroll depth (meta_schedule.unroll_explicit)")
 
@@ -129,6 +132,9 @@ class _Direct(StructuralTemplate):
 PAD_MODES = ("row", "tile", "inline")
 RED_ORDERS = ("c-outer", "tap-outer")
 OW_TILE = (4, 14)  # register tile over output columns: ow x ocv*16 accumulators (<= 28 zmm)
+# with 16 registers (AVX2): ow x ocv*2 ymm accumulators (<= 14); on a Zen 5 running AVX2 code, F14
+# (3x3 256->256 at 14^2, OW in {7, 14} before) went from 1.57 to 1.15 ms with 2 columns x 4 ymm
+OW_TILE_NARROW = (2, 7)
 
 
 class _Conv2dX86(_Direct):
@@ -142,8 +148,8 @@ class _Conv2dX86(_Direct):
     def _why_not(self, m: Any) -> str | None:
         if m.layout != self.layout:
             return f"a {m.layout} convolution, not {self.layout}"
-        if m.out[1] % LANES:
-            return f"O={m.out[1]} output channels are not a multiple of {LANES}"
+        if m.out[1] % BLOCK:
+            return f"O={m.out[1]} output channels are not a multiple of {BLOCK}"
         return None
 
     @staticmethod
@@ -151,11 +157,12 @@ class _Conv2dX86(_Direct):
         return knob_table(
             tile_oc=PerfectTile(3, max_innermost=2, of="O/16",
                                 doc="output-channel blocks of 16 split into [parallel, "
-                                    "in-task, ocv]; ocv zmm vectors of accumulators per "
-                                    "output column"),
+                                    "in-task, ocv]; ocv blocks of accumulators per "
+                                    "output column (a zmm each, two ymm on AVX2)"),
             tile_oh=PerfectTile(2, max_innermost=8, doc="output rows split into [parallel, "
                                                         "in-task]"),
-            tile_ow=RegisterTile(*OW_TILE, of="OW", doc="output columns per register tile"),
+            tile_ow=RegisterTile(*OW_TILE, of="OW", narrow=OW_TILE_NARROW,
+                                 doc="output columns per register tile"),
             tile_c=PerfectTile(2, max_innermost=64,
                                doc="input channels split into [outer, inner] reduction loops"),
             pad=DesignSpace(PAD_MODES, doc="padded input computed per parallel task (its rows, "
@@ -172,38 +179,41 @@ class _Conv2dX86(_Direct):
     def schedule(self, sch: Any, workload: Workload, target: Any, *, pad: str, order: str) -> None:
         m = _match(workload, False)
         nchw = self.layout == "NCHW"
+        lanes = min(vector_lanes(target, 32), BLOCK)  # L: the packed kernel's block
         epilogue = self._fold_epilogue(sch, m)
         conv = sch.get_sblock(m.block)
         if nchw:
-            _pack_kernel(sch, conv, 1, lambda o, c, kh, kw: (o // LANES, c, kh, kw, o % LANES))
+            _pack_kernel(sch, conv, 1, lambda o, c, kh, kw: (o // lanes, c, kh, kw, o % lanes))
             n, o, oh, ow, rc, rh, rw = sch.get_loops(conv)
         else:
-            _pack_kernel(sch, conv, 1, lambda kh, kw, c, o: (o // LANES, kh, kw, c, o % LANES))
+            _pack_kernel(sch, conv, 1, lambda kh, kw, c, o: (o // lanes, kh, kw, c, o % lanes))
             n, oh, ow, o, rh, rw, rc = sch.get_loops(conv)
-        ob, ol = sch.split(o, [None, LANES])
+        ob, ol = sch.split(o, [None, BLOCK])
         ob0, ob1, ob2 = self.split(sch, "tile_oc", ob)
         oh0, oh1 = self.split(sch, "tile_oh", oh)
-        ow0, ow1 = self.split(sch, "tile_ow", ow)
+        ow0, ow1 = self.split(sch, "tile_ow", ow, narrow=lanes < BLOCK)
         rc0, rc1 = self.split(sch, "tile_c", rc)
+        # a block of BLOCK channels as BLOCK/L registers of L lanes (one with AVX-512)
+        vec = list(sch.split(ol, [None, lanes])) if lanes < BLOCK else [ol]
         if nchw:  # the packed kernel is [O/16, C, KH, KW, 16]
             red = [rc0, rc1, rh, rw] if order == "c-outer" else [rc0, rh, rw, rc1]
         else:  # [O/16, KH, KW, C, 16]; C is also contiguous in the data
             red = [rc0, rh, rw, rc1] if order == "c-outer" else [rh, rw, rc0, rc1]
-        sch.reorder(n, ob0, oh0, oh1, ob1, ow0, *red, ow1, ob2, ol)
+        sch.reorder(n, ob0, oh0, oh1, ob1, ow0, *red, ow1, ob2, *vec)
         par = sch.fuse(n, ob0, oh0)
         acc = sch.cache_write(conv, 0, "local")
         if nchw:
             # the register tile is (ow x 16 output channels): channels innermost in the
             # accumulator too, so that each lane vector is one contiguous (register) value
             sch.transform_layout(conv, ("write", 0),
-                                 lambda b, c, h, w: (b, c // LANES, h, w, c % LANES))
+                                 lambda b, c, h, w: (b, c // lanes, h, w, c % lanes))
         self._write_back(sch, acc, ow0, epilogue)
         padb = [b for b in sch.get_producers(conv) if sch.get(b).name_hint == m.pad]
         self._place_padding(sch, padb, pad, tile=ow0, task=par)
         sch.parallel(par)
-        sch.unroll(ow1)
-        sch.unroll(ob2)
-        sch.vectorize(ol)
+        for loop in (ow1, ob2, *vec[:-1]):
+            sch.unroll(loop)
+        sch.vectorize(vec[-1])
         init = sch.decompose_reduction(conv, red[0])
         sch.vectorize(sch.get_loops(init)[-1])
         wb = sch.get_loops(acc)
@@ -217,9 +227,9 @@ class _Conv2dX86(_Direct):
 class Conv2dNCHWcX86(_Conv2dX86):
     name = "conv2d-nchwc-x86"
     layout = "NCHW"
-    description = ("NCHWc direct convolution for NCHW data: kernel packed [O/16, C, KH, KW, 16] at "
-                   "compile time, (ow x ocv*16) register tile, reduction over C, KH, KW, "
-                   "parallel over (oc block, rows)")
+    description = ("NCHWc direct convolution for NCHW data: kernel packed [O/L, C, KH, KW, L] "
+                   "(L = 16, 8 on AVX2) at compile time, (ow x ocv*16) register tile, reduction "
+                   "over C, KH, KW, parallel over (oc block, rows)")
     KNOBS = _Conv2dX86._knobs("reduction order: c-outer = [c0, c1, kh, kw], "
                               "tap-outer = [c0, kh, kw, c1]")
 
@@ -228,8 +238,8 @@ class Conv2dNHWCX86(_Conv2dX86):
     name = "conv2d-nhwc-x86"
     layout = "NHWC"
     description = ("NHWC direct convolution vectorized over output channels: kernel packed "
-                   "[O/16, KH, KW, C, 16] at compile time, (ow x ocv*16) register tile, "
-                   "parallel over (oc block, rows)")
+                   "[O/L, KH, KW, C, L] (L = 16, 8 on AVX2) at compile time, (ow x ocv*16) "
+                   "register tile, parallel over (oc block, rows)")
     KNOBS = _Conv2dX86._knobs("reduction order: c-outer = [c0, kh, kw, c1], "
                               "tap-outer = [kh, kw, c0, c1]")
 

@@ -100,24 +100,34 @@ class PerfectTile:
 class RegisterTile:
     """A loop split into [outer, inner] with the inner extent drawn uniformly among the divisors
     of the loop's extent in [lo, hi], else the largest divisor <= hi: a register tile that fills
-    the micro-kernel, never a degenerate 1- or 2-wide one, and always perfect."""
+    the micro-kernel, never a degenerate 1- or 2-wide one, and always perfect. `narrow`: the
+    [lo, hi] on targets with 16 vector registers, not 32 (AVX2: each wide accumulator there takes
+    two registers), where the template asks for it (`Template.split(..., narrow=True)`)."""
 
     lo: int
     hi: int
     of: str
     doc: str
+    narrow: tuple[int, int] | None = None
 
-    def choices(self, extent: int) -> list[int]:
+    def choices(self, extent: int, *, narrow: bool = False) -> list[int]:
+        lo, hi = self.narrow if (narrow and self.narrow) else (self.lo, self.hi)
         divs = divisors(extent)
-        fitting = [d for d in divs if self.lo <= d <= self.hi]
-        return fitting or [max(d for d in divs if d <= self.hi)]
+        fitting = [d for d in divs if lo <= d <= hi]
+        return fitting or [max(d for d in divs if d <= hi)]
 
     def render(self, extent: int | None) -> dict[str, Any]:
         out: dict[str, Any] = {"kind": "categorical"}
         if extent is not None:
             out["choices"] = self.choices(extent)
-        return {**out, "doc": f"{self.doc}: the divisors of {self.of} in [{self.lo}, {self.hi}] "
-                              f"(else the largest divisor <= {self.hi})"}
+            if self.narrow:
+                out["choices_narrow"] = self.choices(extent, narrow=True)
+        doc = (f"{self.doc}: the divisors of {self.of} in [{self.lo}, {self.hi}] (else the "
+               f"largest divisor <= {self.hi})")
+        if self.narrow:
+            doc += (f"; in [{self.narrow[0]}, {self.narrow[1]}] (choices_narrow) on targets with "
+                    f"16 vector registers (AVX2)")
+        return {**out, "doc": doc}
 
 
 @dataclass(frozen=True)

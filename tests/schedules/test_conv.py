@@ -1,6 +1,7 @@
 """Convolution templates (schedules/conv.py): random traces of every design space build and match
-the numpy reference for small shapes (both conv2d layouts, stride 2, dilation 2, padding); the
-weight packing is a layout-rewrite preproc block; `applies()` refuses what a template cannot serve.
+the numpy reference for small shapes (both conv2d layouts, stride 2, dilation 2, padding), with
+AVX-512's 16-lane blocks where this CPU has them and AVX2's 8-lane blocks everywhere; the weight
+packing is a layout-rewrite preproc block; `applies()` refuses what a template cannot serve.
 
 No tuning runs: each case samples a few random traces and builds them (fast)."""
 
@@ -14,7 +15,7 @@ import pytest
 
 from schedules import registry
 from schedules.registry import TEMPLATES
-from tests.support.targets import RUN_X86
+from tests.support.targets import AVX2_X86, HOST_AVX512, RUN_X86, ZNVER4
 from tuner import tvm_api as tv
 from tuner.workloads import parse_spec
 
@@ -82,6 +83,38 @@ def test_conv2d_random_traces_match_reference(layout: str, tname: str, shape: li
     assert _check_random_traces(tname, spec, target, seeds=[1, 7]) == 2 * n_spaces
 
 
+@pytest.mark.parametrize("layout,tname", [("NCHW", NCHWC), ("NHWC", NHWC)])
+@pytest.mark.parametrize("shape,params", [CONV_CASES[0], CONV_CASES[1]])
+def test_conv2d_at_8_lanes_random_traces_match_reference(layout: str, tname: str,
+                                                         shape: list[int],
+                                                         params: dict[str, Any]) -> None:
+    """AVX2: the kernel packed in blocks of 8 channels, each 16-channel block of the register
+    tile two ymm registers, the narrower column tiles."""
+    spec = {"op": "conv2d", "shape": shape, "layout": layout, **params}
+    n_spaces = 2 * (3 if any(params.get("padding", [0, 0])) else 1)
+    assert _check_random_traces(tname, spec, tv.make_target(AVX2_X86), seeds=[1, 7]) \
+        == 2 * n_spaces
+
+
+def test_column_tile_is_narrower_with_16_vector_registers() -> None:
+    """OW = 14 admits 7 or 14 columns with AVX-512's 32 registers (x ocv zmm); with AVX2's 16,
+    where a 16-channel block takes two, 2 or 7: the choices the design space samples, and the
+    ones `tunefarm spaces` shows."""
+    w = parse_spec({"op": "conv2d", "shape": [1, 16, 14, 14, 32, 3, 3], "padding": [1, 1]})
+    tmpl = TEMPLATES[NCHWC]
+
+    def ow_choices(spec: dict[str, Any]) -> list[int]:
+        (sch,) = tmpl.apply(tv.Schedule(w.mod(), seed=1), w, tv.make_target(spec), pad="row",
+                            order="c-outer")
+        cands = [i.attrs[0] for i in sch.trace.insts if i.kind.name == "SampleCategorical"]
+        return [int(c) for c in cands[0]]  # tile_ow is the first categorical knob
+
+    assert ow_choices(ZNVER4) == [7, 14]
+    assert ow_choices(AVX2_X86) == [2, 7]
+    knob = tmpl.knobs(w)["tile_ow"]
+    assert knob["choices"] == [7, 14] and knob["choices_narrow"] == [2, 7]
+
+
 @pytest.mark.parametrize("shape,params", [
     ([1, 8, 10, 10, 3, 3], {"padding": [1, 1]}),
     ([2, 5, 11, 9, 3, 2], {"stride": [2, 2], "padding": [1, 0]}),
@@ -96,14 +129,18 @@ def test_depthwise_random_traces_match_reference(shape: list[int], params: dict[
     assert _check_random_traces(DW, spec, target, seeds=[1, 5, 9]) == 3 * n_spaces
 
 
-@pytest.mark.parametrize("layout,tname,packed", [
-    ("NCHW", NCHWC, (2, 8, 3, 3, 16)),   # [O/16, C, KH, KW, 16]
-    ("NHWC", NHWC, (2, 3, 3, 8, 16)),    # [O/16, KH, KW, C, 16]
-])
+@pytest.mark.parametrize("spec,lanes", [(RUN_X86, 16 if HOST_AVX512 else 8), (AVX2_X86, 8)],
+                         ids=["run_x86", "avx2"])
+@pytest.mark.parametrize("layout,tname", [("NCHW", NCHWC), ("NHWC", NHWC)])
 def test_kernel_is_packed_by_a_preproc_block_and_the_timed_kernel_takes_it(
-        layout: str, tname: str, packed: tuple[int, ...], target: Any) -> None:
+        layout: str, tname: str, spec: dict[str, Any], lanes: int) -> None:
     """What workers.sandbox does: replay the trace JSON, strip the layout-rewrite block, run the
-    kernel with the weight packed by hand."""
+    kernel with the weight packed by hand: in blocks of one vector register of output channels
+    (16 with AVX-512, 8 with AVX2)."""
+    target = tv.make_target(spec)
+    blocks = 32 // lanes
+    # NCHW [O/L, C, KH, KW, L]; NHWC [O/L, KH, KW, C, L]
+    packed = (blocks, 8, 3, 3, lanes) if layout == "NCHW" else (blocks, 3, 3, 8, lanes)
     w = parse_spec({"op": "conv2d", "shape": [1, 8, 9, 9, 32, 3, 3], "layout": layout,
                     "padding": [1, 1]})
     sch = TEMPLATES[tname].apply(tv.Schedule(w.mod(), seed=3), w, target)[0]
@@ -116,10 +153,10 @@ def test_kernel_is_packed_by_a_preproc_block_and_the_timed_kernel_takes_it(
     (_, dshape, dt), (_, kshape, _), (_, oshape, _) = w.arg_specs()
     assert tv.param_specs(kernel_mod) == [(dshape, dt), (packed, dt), (oshape, dt)]
     data, kernel = w.make_inputs(1)
-    if layout == "NCHW":  # [O, C, KH, KW] -> [O/16, C, KH, KW, 16]
-        kp = kernel.reshape(2, 16, 8, 3, 3).transpose(0, 2, 3, 4, 1)
-    else:  # [KH, KW, C, O] -> [O/16, KH, KW, C, 16]
-        kp = kernel.reshape(3, 3, 8, 2, 16).transpose(3, 0, 1, 2, 4)
+    if layout == "NCHW":  # [O, C, KH, KW] -> [O/L, C, KH, KW, L]
+        kp = kernel.reshape(blocks, lanes, 8, 3, 3).transpose(0, 2, 3, 4, 1)
+    else:  # [KH, KW, C, O] -> [O/L, KH, KW, C, L]
+        kp = kernel.reshape(3, 3, 8, blocks, lanes).transpose(3, 0, 1, 2, 4)
     (got,) = _run(kernel_mod, target, [data, np.ascontiguousarray(kp)], [(oshape, dt)])
     rtol, atol = w.tolerance()
     np.testing.assert_allclose(got, w.reference([data, kernel])[0], rtol=rtol, atol=atol)
