@@ -14,7 +14,7 @@ from schedules.base import Template
 from schedules.conv import Conv2dNCHWcX86, Conv2dNHWCX86, DepthwiseNCHWX86
 from schedules.cuda import DenseWmmaCuda
 from schedules.gemm import GemmX86
-from schedules.int8 import DenseInt8VNNI
+from schedules.int8 import DenseInt8AVX2, DenseInt8VNNI
 from schedules.norm import NormX86
 from schedules.softmax import SoftmaxX86
 
@@ -24,6 +24,7 @@ FAMILIES: tuple[type[Template], ...] = (
     Conv2dNHWCX86,
     DepthwiseNCHWX86,
     DenseInt8VNNI,
+    DenseInt8AVX2,
     SoftmaxX86,
     NormX86,
     ActivationX86,

@@ -1,4 +1,4 @@
-"""int8 GEMMs with AVX512-VNNI on x86: `dense-int8-vnni`.
+"""int8 GEMMs on x86: `dense-int8-vnni` (AVX512-VNNI) and `dense-int8-avx2` (AVX2, no VNNI).
 
     Y[M, N] int32 = X[M, K] uint8 . W[N, K]^T int8           (topi.nn.dense, out_dtype int32)
 
@@ -19,6 +19,11 @@ program, packing included. The layout never depends on a sampled knob: a trace r
 Every 16x4 tile Wp[j, k] is 64 contiguous bytes, the operand of one `vpdpbusd` (intrinsic
 `dot_16x4_vnni_llvm22`, schedules/intrinsics.py). Tensorizing the unpacked W would compile and run
 fast but be WRONG: tensorize does not check that a tile is contiguous (TVM_NOTES §4b).
+
+Without VNNI, `dense-int8-avx2` is the same template at half the width: Wp[N/8, K/2, 8, 2], each
+8x2 tile 16 contiguous bytes widened to int16 and multiplied with `vpmaddwd` (intrinsic
+`dot_8x2_u8i8s32_avx2`: exact, where `vpmaddubsw` would saturate), 8-lane ymm accumulators and
+16 registers. Below, read 8 for 16 and 2 for 4.
 
 Loop nest (the micro-kernel keeps rows x accumulators zmm registers live across k1):
 
@@ -42,24 +47,21 @@ core ~175 us (~80% of the VNNI peak), the same as torch._int_mm timed in the sam
 
 from __future__ import annotations
 
+from abc import abstractmethod
 from typing import Any
 
 from schedules.base import StructuralTemplate, cpu_postprocs, fold_epilogue, is_x86
-from schedules.intrinsics import VNNI_16x4_LLVM22, use
+from schedules.intrinsics import PMADDWD_8x2_AVX2, VNNI_16x4_LLVM22, use
 from schedules.knobs import Categorical, DesignSpace, Fixed, PerfectTile, knob_table
 from schedules.match import INT8, GemmMatch, match_gemm
 from tuner.tvm_api import derived_object, ms
 from tuner.workloads import Workload
 
-LANES = 16  # int32 accumulators per zmm register
-GROUP = 4  # u8 x i8 products summed per lane by vpdpbusd
 MAX_ROWS = 8  # rows of the micro-kernel
 MAX_VECS = 8  # 16-lane accumulators per row
 PARALLEL = (2, 4, 8, 16, 64, 256)  # max extent of the fused parallel loop (2 cores)
 UNROLL = (0, 16, 64, 512)  # pragma_auto_unroll_max_step on the outer loops
 ORDERS = ("ij", "ji")  # order of the cache-block loops; one design space each
-PACKED = "packed weight Wp[N/16, K/4, 16, 4]"
-ZMM_REGISTERS = 32  # AVX-512: accumulators (rows x vectors) + one weight tile per vector
 
 
 def has_vnni(target: Any) -> bool:
@@ -68,30 +70,37 @@ def has_vnni(target: Any) -> bool:
     return bool(tvm_ffi.get_global_func("target.llvm_cpu_has_feature")("avx512vnni", target))
 
 
-def pack_weight(sch: Any, block: Any, read: int = 1, axes: str = "jk") -> Any:
+def has_avx2(target: Any) -> bool:
+    from tuner.tvm_api import tvm_ffi
+
+    return bool(tvm_ffi.get_global_func("target.llvm_cpu_has_feature")("avx2", target))
+
+
+def pack_weight(sch: Any, block: Any, read: int = 1, axes: str = "jk", *, lanes: int = 16,
+                group: int = 4) -> Any:
     """cache_read the weight of `block` (its read `read`, indexed [N, K] for axes "jk", [K, N]
-    for "kj") into the fixed packed layout and mark the copy as the compile-time weight packing
-    (dropped from the timed kernel by strip_layout_rewrite)."""
+    for "kj") into the fixed packed layout [N/lanes, K/group, lanes, group] and mark the copy as
+    the compile-time weight packing (dropped from the timed kernel by strip_layout_rewrite)."""
     wp = sch.cache_read(block, read, "global")
     if axes == "jk":
         sch.transform_layout(wp, ("write", 0),
-                             lambda n, k: (n // LANES, k // GROUP, n % LANES, k % GROUP))
+                             lambda n, k: (n // lanes, k // group, n % lanes, k % group))
     else:
         sch.transform_layout(wp, ("write", 0),
-                             lambda k, n: (n // LANES, k // GROUP, n % LANES, k % GROUP))
+                             lambda k, n: (n // lanes, k // group, n % lanes, k % group))
     sch.annotate(wp, "meta_schedule.layout_rewrite_preproc", True)
     return wp
 
 
 @derived_object
 class RegisterBudget(ms.postproc.PyPostproc):
-    """Rejects a sampled micro-kernel whose live zmm registers (rows x vectors accumulators plus
-    the `vectors` weight tiles of a k step) exceed the register file: such kernels spill (4 x 8
-    measured 2.5x slower than 4 x 6). Reads the first two perfect-tile decisions of the trace
-    (rows, then vectors: the order `DenseInt8VNNI.schedule` samples them in); adds no instruction,
-    so records replay without it."""
+    """Rejects a sampled micro-kernel whose live vector registers (rows x vectors accumulators
+    plus the `vectors` weight tiles of a k step) exceed the register file: such kernels spill
+    (4 x 8 measured 2.5x slower than 4 x 6 with AVX-512's 32 zmm). Reads the first two
+    perfect-tile decisions of the trace (rows, then vectors: the order `_DenseInt8.schedule`
+    samples them in); adds no instruction, so records replay without it."""
 
-    def __init__(self, registers: int = ZMM_REGISTERS) -> None:
+    def __init__(self, registers: int = 32) -> None:
         super().__init__()
         self.registers = registers
 
@@ -111,27 +120,19 @@ class RegisterBudget(ms.postproc.PyPostproc):
         return RegisterBudget(self.registers)
 
 
-class DenseInt8VNNI(StructuralTemplate):
-    name = "dense-int8-vnni"
-    ops = ("dense_int8", "tir")
-    description = ("uint8 x int8 -> int32 dense on AVX512-VNNI: weight packed once to "
-                   "[N/16, K/4, 16, 4] (layout-rewrite preproc, not timed), register-blocked "
-                   "micro-kernel of rows x 16-lane accumulators tensorized with vpdpbusd "
-                   f"({VNNI_16x4_LLVM22}), k blocking, parallel outer tiles, an elementwise "
-                   "epilogue (requantization) per tile. Needs N % 16 == 0 and K % 4 == 0.")
-    tensorize = True  # RewriteTensorize tensorizes the blockized 16x4 update, vectorizes the init
-    KNOBS = knob_table(
+def _knobs(lanes: int, group: int, packed: str) -> Any:
+    return knob_table(
         # sampled in this order: RegisterBudget reads the first two perfect tiles as (rows, vectors)
         rows=PerfectTile(3, max_innermost=MAX_ROWS, of="M",
                          doc="M = i0 x i1 x i2: i2 = rows of the micro-kernel, i1 = rows of a "
                              "cache block, i0 = parallel row blocks"),
-        vectors=PerfectTile(3, max_innermost=MAX_VECS, of="N/16",
-                            doc="N/16 = j0 x j1 x j2: j2 = 16-lane int32 accumulators per row "
-                                "(i2 x j2 zmm registers live), j1 = column tiles of a cache "
+        vectors=PerfectTile(3, max_innermost=MAX_VECS, of=f"N/{lanes}",
+                            doc=f"N/{lanes} = j0 x j1 x j2: j2 = {lanes}-lane int32 accumulators "
+                                "per row (i2 x j2 registers live), j1 = column tiles of a cache "
                                 "block, j0 = parallel column blocks"),
-        k_block=PerfectTile(2, of="K/4",
-                            doc="K/4 = k0 x k1: k1 = groups of 4 reduced per pass over the "
-                                "accumulators (k blocking), k0 = passes"),
+        k_block=PerfectTile(2, of=f"K/{group}",
+                            doc=f"K/{group} = k0 x k1: k1 = groups of {group} reduced per pass "
+                                "over the accumulators (k blocking), k0 = passes"),
         order=DesignSpace(ORDERS, doc="order of the cache-block loops (i1 j1 or j1 i1)"),
         parallel=Categorical(PARALLEL,
                              doc="max extent of the parallel loop fused from the outer spatial "
@@ -139,9 +140,26 @@ class DenseInt8VNNI(StructuralTemplate):
                                  "parallel when i0 x j0 exceeds it)"),
         unroll=Categorical(UNROLL, doc="pragma_auto_unroll_max_step (explicit) on the outer "
                                        "loops; the micro-kernel's i2, j2 are always unrolled"),
-        layout=Fixed(PACKED, doc="packed by a layout_rewrite_preproc block; fixed so that "
+        layout=Fixed(packed, doc="packed by a layout_rewrite_preproc block; fixed so that "
                                  "traces replay with any tile decisions"),
     )
+
+
+class _DenseInt8(StructuralTemplate):
+    """The register-blocked int8 GEMM, parametrized by the dot-product instruction: `lanes`
+    int32 accumulators per register, `group` products summed per lane, `registers` vector
+    registers, the tensor intrinsic `intrin`."""
+
+    ops = ("dense_int8", "tir")
+    tensorize = True  # RewriteTensorize tensorizes the blockized update, vectorizes the init
+    lanes = 16
+    group = 4
+    registers = 32
+    intrin = VNNI_16x4_LLVM22
+
+    @abstractmethod
+    def _why_not_target(self, target: Any) -> str | None:
+        """None if `target` (x86) has the instruction, else why not."""
 
     def why_not(self, workload: Workload, target: Any) -> str | None:
         g = match_gemm(workload)
@@ -151,26 +169,27 @@ class DenseInt8VNNI(StructuralTemplate):
             return f"a {g.dtype} GEMM, not uint8 x int8 -> int32"
         if g.batch:
             return "a batched int8 GEMM (only [M, K] x [K, N] is served)"
-        if not is_x86(target) or not has_vnni(target):
-            return "the target has no AVX512-VNNI"
-        if g.n % LANES or g.k % GROUP:
-            return f"N={g.n} is not a multiple of {LANES} or K={g.k} not of {GROUP}"
+        why = self._why_not_target(target) if is_x86(target) else "not an x86 LLVM target"
+        if why:
+            return why
+        if g.n % self.lanes or g.k % self.group:
+            return f"N={g.n} is not a multiple of {self.lanes} or K={g.k} not of {self.group}"
         return None
 
     def knob_extents(self, workload: Workload) -> dict[str, int]:
         g = match_gemm(workload)
         assert isinstance(g, GemmMatch)
-        return {"rows": g.m, "vectors": g.n // LANES, "k_block": g.k // GROUP}
+        return {"rows": g.m, "vectors": g.n // self.lanes, "k_block": g.k // self.group}
 
     def schedule(self, sch: Any, workload: Workload, target: Any, *, order: str) -> None:
         g = match_gemm(workload)
         assert isinstance(g, GemmMatch), g
         block, *epilogue = sch.get_child_blocks(sch.get_sblock("root"))[g.block:]
         epi = fold_epilogue(sch, epilogue)
-        pack_weight(sch, block, g.weight, g.weight_axes[-2:])
+        pack_weight(sch, block, g.weight, g.weight_axes[-2:], lanes=self.lanes, group=self.group)
         i, j, k = sch.get_loops(block)
-        j, j16 = sch.split(j, [None, LANES])
-        k, k4 = sch.split(k, [None, GROUP])
+        j, j16 = sch.split(j, [None, self.lanes])
+        k, k4 = sch.split(k, [None, self.group])
         i0, i1, i2 = self.split(sch, "rows", i)
         j0, j1, j2 = self.split(sch, "vectors", j)
         k0, k1 = self.split(sch, "k_block", k)  # innermost up to the whole K/4
@@ -180,20 +199,52 @@ class DenseInt8VNNI(StructuralTemplate):
         sch.unroll(j2)
         if epi is not None:  # after the tile's last k0 pass: its accumulators are complete
             sch.reverse_compute_at(epi, j0, preserve_unit_loops=True)
-            _, lanes = sch.split(sch.get_loops(epi)[-1], [None, LANES])
+            _, lanes = sch.split(sch.get_loops(epi)[-1], [None, self.lanes])
             sch.vectorize(lanes)
-        # the 16x4 (j16, k4) tile becomes one block that RewriteTensorize maps onto vpdpbusd
+        # the lanes x group (j16, k4) tile becomes one block that RewriteTensorize maps onto the
+        # dot-product instruction
         inner = sch.blockize(j16)
-        sch.annotate(inner, "meta_schedule.auto_tensorize", use(VNNI_16x4_LLVM22))
+        sch.annotate(inner, "meta_schedule.auto_tensorize", use(self.intrin))
         root = sch.get_sblock("root")
         sch.annotate(root, "meta_schedule.parallel", self.sample(sch, "parallel"))
         sch.annotate(root, "meta_schedule.unroll_explicit", self.sample(sch, "unroll"))
 
     def postprocs(self, target: Any) -> list[Any]:
-        return [RegisterBudget(), *cpu_postprocs(tensorize=True)]
+        return [RegisterBudget(self.registers), *cpu_postprocs(tensorize=True)]
 
     def mutators(self, target: Any) -> dict[Any, float]:
         # MutateParallel rewrites a constant `meta_schedule.parallel` value (it fails on a sampled
         # one); here the parallel extent is a sampled categorical, resampled with the population
         return {ms.mutator.MutateTileSize(): 0.9, ms.mutator.MutateUnroll(): 0.1}
 
+
+class DenseInt8VNNI(_DenseInt8):
+    name = "dense-int8-vnni"
+    description = ("uint8 x int8 -> int32 dense on AVX512-VNNI: weight packed once to "
+                   "[N/16, K/4, 16, 4] (layout-rewrite preproc, not timed), register-blocked "
+                   "micro-kernel of rows x 16-lane accumulators tensorized with vpdpbusd "
+                   f"({VNNI_16x4_LLVM22}), k blocking, parallel outer tiles, an elementwise "
+                   "epilogue (requantization) per tile. Needs N % 16 == 0 and K % 4 == 0.")
+    KNOBS = _knobs(16, 4, "packed weight Wp[N/16, K/4, 16, 4]")
+
+    def _why_not_target(self, target: Any) -> str | None:
+        return None if has_vnni(target) else "the target has no AVX512-VNNI"
+
+
+class DenseInt8AVX2(_DenseInt8):
+    name = "dense-int8-avx2"
+    description = ("uint8 x int8 -> int32 dense on AVX2 without VNNI: weight packed once to "
+                   "[N/8, K/2, 8, 2], register-blocked micro-kernel of rows x 8-lane accumulators "
+                   f"tensorized with vpmaddwd on int16-widened operands ({PMADDWD_8x2_AVX2}, "
+                   "exact), k blocking, parallel outer tiles, an elementwise epilogue "
+                   "(requantization) per tile. Needs N % 8 == 0 and K % 2 == 0.")
+    KNOBS = _knobs(8, 2, "packed weight Wp[N/8, K/2, 8, 2]")
+    lanes = 8
+    group = 2
+    registers = 16
+    intrin = PMADDWD_8x2_AVX2
+
+    def _why_not_target(self, target: Any) -> str | None:
+        if has_vnni(target):
+            return "the target has AVX512-VNNI: dense-int8-vnni serves it"
+        return None if has_avx2(target) else "the target has no AVX2"

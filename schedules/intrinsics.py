@@ -130,6 +130,55 @@ def _vnni_intrin() -> tuple[Any, Any]:
 _FACTORIES[VNNI_16x4_LLVM22] = _vnni_intrin
 
 
+# --- AVX2: C[8] int32 += A[2] uint8 . B[8, 2] int8, exactly (one vpmaddwd on 256-bit registers) --
+#
+# Without VNNI the u8 x i8 products are widened to int16 first: vpmaddwd multiplies 16 int16
+# pairs and adds each pair into an int32 lane, exact for u8 x i8 (|a*b| <= 32640). vpmaddubsw
+# (u8 x i8 straight to int16 pair sums) would be one step shorter but saturates: 255*127*2 does
+# not fit int16. Lane i of C takes B[i, 0:2], so B must be 16 CONSECUTIVE bytes, the weight
+# packed [N/8, K/2, 8, 2] (schedules/int8.py); A's two bytes are broadcast to the 8 lanes.
+
+PMADDWD_8x2_AVX2 = "dot_8x2_u8i8s32_avx2"
+
+
+def _pmaddwd_intrin() -> tuple[Any, Any]:
+    @T.prim_func(s_tir=True)
+    def desc(a_h: T.handle, b_h: T.handle, c_h: T.handle) -> None:
+        A = T.match_buffer(a_h, (2,), "uint8", offset_factor=1)
+        B = T.match_buffer(b_h, (8, 2), "int8", offset_factor=1)
+        C = T.match_buffer(c_h, (8,), "int32", offset_factor=1)
+        with T.sblock("root"):
+            T.reads(C[0:8], A[0:2], B[0:8, 0:2])
+            T.writes(C[0:8])
+            for i in T.serial(0, 8):
+                for k in T.serial(0, 2):
+                    with T.sblock("update"):
+                        vi, vk = T.axis.remap("SR", [i, k])
+                        C[vi] = C[vi] + T.cast(A[vk], "int32") * T.cast(B[vi, vk], "int32")
+
+    @T.prim_func(s_tir=True)
+    def impl(a_h: T.handle, b_h: T.handle, c_h: T.handle) -> None:
+        A = T.match_buffer(a_h, (2,), "uint8", offset_factor=1)
+        B = T.match_buffer(b_h, (8, 2), "int8", offset_factor=1)
+        C = T.match_buffer(c_h, (8,), "int32", offset_factor=1)
+        with T.sblock("root"):
+            T.reads(C[0:8], A[0:2], B[0:8, 0:2])
+            T.writes(C[0:8])
+            # one expression: named temporaries would become workspace allocations
+            C[T.ramp(T.int32(0), 1, 8)] = C.vload([0], dtype="int32x8") + T.call_llvm_pure_intrin(
+                T.llvm_lookup_intrinsic_id("llvm.x86.avx2.pmadd.wd"),
+                # A's 2 bytes as 2 int16 (one int32), broadcast to the 8 lanes
+                T.reinterpret(T.broadcast(T.reinterpret(T.Cast("int16x2", A.vload([0], "uint8x2")),
+                                                        dtype="int32"), 8), dtype="int16x16"),
+                T.Cast("int16x16", B.vload([0, 0], dtype="int8x16")),
+                dtype="int32x8")
+
+    return desc, impl
+
+
+_FACTORIES[PMADDWD_8x2_AVX2] = _pmaddwd_intrin
+
+
 # --- fast exp: Y[l] = exp(X[l] - M[0]) over `lanes` fp32 lanes --------------------------------
 #
 # The description is the body of topi.nn.softmax's T_softmax_exp block, so `tensorize` maps that

@@ -1,6 +1,7 @@
-"""`dense-int8-vnni`: every sampled configuration is exact, the kernel uses vpdpbusd on a weight
-packed at compile time, and the trap the packing avoids (tensorizing the unpacked weight) is
-caught by the farm's verification. No tuning runs: candidates are sampled from the space."""
+"""`dense-int8-vnni` and `dense-int8-avx2`: every sampled configuration is exact, the kernel uses
+vpdpbusd (vpmaddwd without VNNI) on a weight packed at compile time, and the trap the packing
+avoids (tensorizing the unpacked weight) is caught by the farm's verification. No tuning runs:
+candidates are sampled from the space. The AVX2 kernels run on every x86 CI machine."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import pytest
 from schedules import int8
 from schedules.intrinsics import VNNI_16x4_LLVM22
 from schedules.registry import TEMPLATES, describe
+from tests.support.targets import AVX2_X86
 from tuner import tvm_api as tv
 from tuner.measure import Invalidity, MeasureInput, MeasureOptions
 from tuner.workloads import parse_spec
@@ -27,10 +29,11 @@ def workload(m: int, n: int, k: int):
     return parse_spec({"op": "dense_int8", "shape": [m, n, k]})
 
 
-def sample(w, count: int, seed: int) -> list:
+def sample(w, count: int, seed: int, tname: str = "dense-int8-vnni",
+           spec: dict = TARGET) -> list:
     """`count` random candidates of the template's space, postprocessed as the search does."""
-    target = tv.make_target(TARGET)
-    tpl = TEMPLATES["dense-int8-vnni"]
+    target = tv.make_target(spec)
+    tpl = TEMPLATES[tname]
     ctx = tv.tune_context(w.mod(), target, space=tpl.space(w, target), strategy="replay-trace",
                           seed=seed, num_threads=1)
     ctx.pre_tuning(max_trials=count, num_trials_per_iter=count,
@@ -40,12 +43,12 @@ def sample(w, count: int, seed: int) -> list:
     return [c.sch for c in cands]
 
 
-def run_full(w, mod) -> np.ndarray:
+def run_full(w, mod, spec: dict = TARGET) -> np.ndarray:
     """Build `mod` as is (weight packing included) and run it on the workload's inputs."""
     x, wt = w.make_inputs(0)
     dev = tv.tvm.cpu(0)
     out = tv.tvm.runtime.tensor(np.zeros(w.arg_specs()[-1][1], "int32"), dev)
-    tv.compile_module(mod, tv.make_target(TARGET))["main"](
+    tv.compile_module(mod, tv.make_target(spec))["main"](
         tv.tvm.runtime.tensor(x, dev), tv.tvm.runtime.tensor(wt, dev), out)
     return out.numpy()
 
@@ -87,7 +90,7 @@ def test_sampled_register_budget() -> None:
     fit the 32 zmm registers."""
     for sch in sample(workload(128, 768, 64), 24, 3):
         rows, vectors = (d[2][-1] for d in tv.trace_decisions(sch.trace)[:2])
-        assert rows * vectors + vectors <= int8.ZMM_REGISTERS
+        assert rows * vectors + vectors <= TEMPLATES["dense-int8-vnni"].registers == 32
 
 
 def test_kernel_uses_vpdpbusd_on_packed_weight() -> None:
@@ -165,3 +168,79 @@ def test_relax_int8_gemm_with_requantization_gets_the_template() -> None:
         text = sch.mod.script()
         assert "vpdpbusd" in text and text.count("T.sblock(\"compute") == 1, text
         check_outputs(sch, wl, X86)  # exact: the output is int8
+
+
+# --- dense-int8-avx2: the same GEMM without VNNI --------------------------------------------
+
+
+def test_avx2_template_serves_what_vnni_does_not() -> None:
+    """AVX2 without VNNI (Haswell, Zen 3, and Skylake-X: AVX-512 but no VNNI) gets
+    `dense-int8-avx2`; a VNNI target only `dense-int8-vnni`; N must be a multiple of 8, K even."""
+    from schedules import registry
+
+    avx2 = TEMPLATES["dense-int8-avx2"]
+    w = workload(32, 40, 6)  # N = 40 and K = 6: off VNNI's grid, on this one's
+    for spec in (AVX2_X86, {"kind": "llvm", "mcpu": "skylake-avx512", "num-cores": 2}):
+        assert avx2.applies(w, tv.make_target(spec)), spec
+        assert registry.resolve("default", workload(32, 64, 64), tv.make_target(spec)) \
+            == "dense-int8-avx2"
+    assert "dense-int8-vnni serves it" in avx2.why_not(w, tv.make_target(TARGET))
+    assert "no AVX2" in avx2.why_not(w, tv.make_target({"kind": "llvm", "mcpu": "nehalem"}))
+    assert "not an x86" in avx2.why_not(w, tv.make_target(
+        {"kind": "llvm", "mtriple": "aarch64-linux-gnu", "num-cores": 2}))
+    target = tv.make_target(AVX2_X86)
+    assert "not a multiple of 8" in avx2.why_not(workload(32, 36, 6), target)
+    assert "K=7 not of 2" in avx2.why_not(workload(32, 40, 7), target)
+    knobs = describe("dense-int8-avx2", workload(32, 64, 64))["knobs"]
+    assert knobs["vectors"]["extent"] == 8 and knobs["k_block"]["extent"] == 32
+
+
+@pytest.mark.parametrize(("shape", "count", "seed"), [((32, 64, 64), 12, 0),
+                                                       ((6, 40, 22), 6, 1),
+                                                       ((1, 8, 2), 2, 2)])
+def test_avx2_sampled_candidates_are_exact(shape: tuple[int, int, int], count: int,
+                                           seed: int) -> None:
+    """Exact on the full u8 x i8 range (the inputs span [0, 256) x [-128, 128): vpmaddubsw's
+    int16 pair sums would saturate on them, vpmaddwd's int32 ones cannot)."""
+    w = workload(*shape)
+    ref = w.reference(w.make_inputs(0))[0]
+    schs = sample(w, count, seed, "dense-int8-avx2", AVX2_X86)
+    assert len(schs) == count
+    for sch in schs:
+        rows, vectors = (d[2][-1] for d in tv.trace_decisions(sch.trace)[:2])
+        assert rows * vectors + vectors <= 16  # the 16 ymm registers
+        np.testing.assert_array_equal(run_full(w, sch.mod, AVX2_X86), ref,
+                                      err_msg=str(tv.trace_decisions(sch.trace)))
+
+
+def test_avx2_kernel_uses_vpmaddwd_on_packed_weight_and_the_sandbox_times_it() -> None:
+    w = workload(32, 64, 64)
+    sch = sample(w, 1, 4, "dense-int8-avx2", AVX2_X86)[0]
+    kernel = tv.strip_layout_rewrite(sch.mod)
+    assert tv.param_specs(kernel) == [((32, 64), "uint8"), ((8, 32, 8, 2), "int8"),
+                                      ((32, 64), "int32")]
+    asm = tv.compile_module(kernel, tv.make_target(AVX2_X86)).inspect_source("asm")
+    assert "vpmaddwd" in asm and "vpmaddubsw" not in asm and "zmm" not in asm
+    opts = MeasureOptions(repeats=1, min_repeat_ms=1.0)
+    inp = MeasureInput(trial_id="avx2", workload_key=w.key, workload_spec=w.spec,
+                       target=AVX2_X86, trace_json=tv.trace_to_json(sch.trace), options=opts)
+    res = measure_one(inp, _Prepared(w.spec), lambda msg: None)
+    assert res.invalidity == Invalidity.OK, res.error_msg
+    assert res.max_abs_err == 0.0
+
+
+def test_avx2_relax_int8_gemm_with_requantization() -> None:
+    from bench import fused as relax_tasks
+    from schedules import registry
+    from tests.schedules.test_spaces import check_outputs, sample_points
+
+    wl = parse_spec({"op": "tir", "tvmscript": relax_tasks.int8_linear(32, 64, 48).script()})
+    target = tv.make_target(AVX2_X86)
+    assert registry.resolve("default", wl, target) == "dense-int8-avx2"
+    points = sample_points(registry.space_generator("dense-int8-avx2", wl, target), wl, target,
+                           n=2)
+    assert len(points) == 4  # two design spaces (loop orders)
+    for sch in points:
+        text = sch.mod.script()
+        assert "pmadd.wd" in text and text.count("T.sblock(\"compute") == 1, text
+        check_outputs(sch, wl, target)  # exact: the output is int8

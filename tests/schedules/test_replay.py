@@ -19,6 +19,8 @@ ZEN = {"kind": "llvm", "mcpu": "znver4", "num-cores": 2}
 TENSORIZING = [
     ("softmax-x86", {"op": "softmax", "shape": [8, 64]}, ZEN),
     ("dense-int8-vnni", {"op": "dense_int8", "shape": [16, 64, 32]}, ZEN),
+    ("dense-int8-avx2", {"op": "dense_int8", "shape": [16, 64, 32]},
+     {"kind": "llvm", "mcpu": "haswell", "num-cores": 2}),
     ("dense-int8-sdot-aarch64", {"op": "dense_int8", "shape": [8, 32, 64]},
      {"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mcpu": "neoverse-n1",
       "mattr": ["+neon", "+dotprod", "+i8mm"]}),
