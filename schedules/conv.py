@@ -195,16 +195,16 @@ class _Conv2dX86(_Direct):
         rc0, rc1 = self.split(sch, "tile_c", rc)
         # a block of BLOCK channels as BLOCK/L registers of L lanes (one with AVX-512)
         vec = list(sch.split(ol, [None, lanes])) if lanes < BLOCK else [ol]
-        if nchw:  # the packed kernel is [O/16, C, KH, KW, 16]
+        if nchw:  # the packed kernel is [O/L, C, KH, KW, L]
             red = [rc0, rc1, rh, rw] if order == "c-outer" else [rc0, rh, rw, rc1]
-        else:  # [O/16, KH, KW, C, 16]; C is also contiguous in the data
+        else:  # [O/L, KH, KW, C, L]; C is also contiguous in the data
             red = [rc0, rh, rw, rc1] if order == "c-outer" else [rh, rw, rc0, rc1]
         sch.reorder(n, ob0, oh0, oh1, ob1, ow0, *red, ow1, ob2, *vec)
         par = sch.fuse(n, ob0, oh0)
         acc = sch.cache_write(conv, 0, "local")
         if nchw:
-            # the register tile is (ow x 16 output channels): channels innermost in the
-            # accumulator too, so that each lane vector is one contiguous (register) value
+            # the register tile is (ow x ocv*16 output channels): channels innermost in the
+            # accumulator too, in blocks of L, so that each vector is one contiguous register
             sch.transform_layout(conv, ("write", 0),
                                  lambda b, c, h, w: (b, c // lanes, h, w, c % lanes))
         self._write_back(sch, acc, ow0, epilogue)
