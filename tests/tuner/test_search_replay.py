@@ -32,7 +32,8 @@ N1 = {"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mcpu": "neoverse-n1",
       "mattr": ["+neon", "+dotprod"], "num-cores": 4}
 N1_I8MM = {**N1, "mattr": ["+neon", "+dotprod", "+i8mm"]}
 SM80 = {"kind": "cuda", "arch": "sm_80", "host": {"kind": "llvm"}}
-TARGETS = [X86, N1, N1_I8MM, SM80]  # tried in this order: the first a space applies to
+AVX2 = {"kind": "llvm", "mcpu": "haswell", "num-cores": 2}  # no VNNI: dense-int8-avx2
+TARGETS = [X86, N1, N1_I8MM, SM80, AVX2]  # tried in this order: the first a space applies to
 
 # small workloads; each space is tried on the first that it applies to (on the first target)
 SPECS: list[dict[str, Any]] = [
