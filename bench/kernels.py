@@ -51,58 +51,17 @@ class TvmKernel:
         return lambda: float(ev(*self.args).mean)
 
 
-def _split(func: Any, wl: Any) -> tuple[Any, list[tuple[str, list[Any], Any]], Any]:
-    """(split IRModule, call steps [(callee name, arg vars, result var)], returned var)."""
-    from tuner import tvm_api as tv
-
-    relax = tv.tvm.relax
-    specs = wl.arg_specs()
-    n_in = wl.num_inputs
-    bb = relax.BlockBuilder()
-    params = [relax.Var(name, relax.TensorType(shape, dt)) for name, shape, dt in specs[:n_in]]
-    with bb.function("main", params):
-        gv = bb.add_func(func.without_attr("global_symbol"), "kernel")
-        outs = [relax.TensorType(shape, dt) for _, shape, dt in specs[n_in:]]
-        res = bb.emit(relax.call_tir(gv, params, outs[0] if len(outs) == 1 else outs))
-        bb.emit_func_output(res)
-    mod = relax.transform.SplitLayoutRewritePreproc()(bb.get())
-    main = mod["main"]
-    call_tir = tv.tvm.ir.Op.get("relax.call_tir")
-    steps: list[tuple[str, list[Any], Any]] = []
-    alias: dict[Any, Any] = {}
-    for block in main.body.blocks:
-        for b in block.bindings:
-            v = b.value
-            if isinstance(v, relax.Call) and v.op.same_as(call_tir):
-                args = [alias.get(a, a) for a in v.args[1].fields]
-                steps.append((v.args[0].name_hint, args, b.var))
-            elif isinstance(v, relax.Var):
-                alias[b.var] = alias.get(v, v)
-            else:
-                raise RuntimeError(f"unexpected binding after SplitLayoutRewritePreproc: {v}")
-    ret = main.body.body
-    return mod, steps, alias.get(ret, ret)
-
-
-def _compile(func: Any, target: Any) -> Any:
-    from tuner import tvm_api as tv
-
-    f = func.with_attr("global_symbol", "main")
-    return tv.compile_module(tv.tvm.IRModule({"main": f}), target)
-
-
 def prepare(sched_mod: Any, wl: Any, inputs: list[np.ndarray], target: Any) -> TvmKernel:
     """Compile a scheduled module (a replayed best trace) into a timed kernel on `inputs`."""
     import time
 
     from tuner import tvm_api as tv
+    from workers.packing import compile_function, split
 
     dev = tv.tvm.cpu(0)
     specs = wl.arg_specs()
     n_in = wl.num_inputs
-    mod, steps, ret = _split(sched_mod["main"], wl)
-    if not steps or not steps[-1][2].same_as(ret):
-        raise RuntimeError("the split program does not end with the kernel call")
+    mod, steps, _ = split(sched_mod["main"], specs, n_in)
     main = mod["main"]
     values: dict[Any, Any] = {p: tv.tvm.runtime.tensor(x, dev)
                               for p, x in zip(main.params, inputs, strict=True)}
@@ -111,7 +70,7 @@ def prepare(sched_mod: Any, wl: Any, inputs: list[np.ndarray], target: Any) -> T
     t0 = time.perf_counter()
     for callee, args, var in steps[:-1]:  # weight packing: run once, not timed
         func = mod[callee]
-        rt = _compile(func, target)
+        rt = compile_function(func, target)
         # zeros: a padded packed layout may leave elements the preproc never writes
         outs = [tv.tvm.runtime.tensor(np.zeros(tuple(int(d) for d in p.shape), str(p.dtype)), dev)
                 for p in func.params[len(args):]]
@@ -126,7 +85,7 @@ def prepare(sched_mod: Any, wl: Any, inputs: list[np.ndarray], target: Any) -> T
     prepack_s = time.perf_counter() - t0
     callee, args, _ = steps[-1]
     kfunc = mod[callee]
-    rt = _compile(kfunc, target)
+    rt = compile_function(kfunc, target)
     out_specs = specs[n_in:]
     outs = [tv.tvm.runtime.tensor(np.zeros(shape, dt), dev) for _, shape, dt in out_specs]
     kargs = [values[a] for a in args] + outs

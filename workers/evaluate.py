@@ -13,6 +13,8 @@ from typing import Any
 
 import numpy as np
 
+from workers.packing import Packer
+
 
 class Prepared:
     """A workload's inputs and reference outputs, computed once per process per workload."""
@@ -27,6 +29,14 @@ class Prepared:
         self.arg_specs = self.workload.arg_specs()
         self.rtol, self.atol = self.workload.tolerance()
         self.reference: list[np.ndarray] | None = None
+        self._packer: Packer | None = None
+
+    @property
+    def packer(self) -> Packer:
+        """Packs the inputs for kernels that take their weights packed (`workers.packing`)."""
+        if self._packer is None:
+            self._packer = Packer(self.inputs, self.arg_specs)
+        return self._packer
 
     def ensure_reference(self, send: Any, trial_id: str) -> list[np.ndarray]:
         if self.reference is None:
@@ -207,11 +217,13 @@ def calls_per_repeat(rt: Any, args: list[Any], min_repeat_ms: float, dev: Any) -
     return max(1, math.ceil(CALIBRATION_HEADROOM * min_repeat_ms / per_call_ms))
 
 
-def run_and_check(rt: Any, prep: Prepared, send: Any, trial_id: str, dev: Any
+def run_and_check(rt: Any, prep: Prepared, send: Any, trial_id: str, dev: Any,
+                  inputs: list[Any] | None = None
                   ) -> tuple[list[Any], bool, float | None, str | None]:
-    """Run the program on the workload's inputs (outputs zeroed) and compare with the reference."""
+    """Run the program on the workload's inputs (or `inputs`, e.g. with packed weights; outputs
+    zeroed) and compare with the reference."""
     n_in = len(prep.inputs)
-    args = allocate(prep, dev)
+    args = allocate(prep, dev, inputs)
     rt["main"](*args)
     outputs = [a.numpy() for a in args[n_in:]]
     reference = prep.ensure_reference(send, trial_id)
@@ -220,11 +232,13 @@ def run_and_check(rt: Any, prep: Prepared, send: Any, trial_id: str, dev: Any
     return args, ok, max_err, why
 
 
-def allocate(prep: Prepared, dev: Any) -> list[Any]:
-    """The workload's inputs and zeroed outputs (as the references assume) on `dev`."""
+def allocate(prep: Prepared, dev: Any, inputs: list[Any] | None = None) -> list[Any]:
+    """The workload's inputs (or `inputs`, already on `dev`) and zeroed outputs (as the
+    references assume) on `dev`."""
     from tuner import tvm_api as tv
 
-    args = [tv.tvm.runtime.tensor(a, dev) for a in prep.inputs]
+    args = list(inputs) if inputs is not None else [tv.tvm.runtime.tensor(a, dev)
+                                                     for a in prep.inputs]
     for _, shape, dtype in prep.arg_specs[len(prep.inputs):]:
         args.append(tv.tvm.runtime.tensor(np.zeros(shape, dtype), dev))
     return args

@@ -42,9 +42,11 @@ def measure_one(inp: MeasureInput, prep: _Prepared, send: Any) -> MeasureResult:
     """Build, verify and time one candidate.
 
     A program whose weights MetaSchedule/templates pack (layout-rewrite blocks) is timed as the
-    kernel alone, on pre-packed weights; verifying it needs a second build of the whole program,
-    which is done only when the kernel beats `verify_below_s` (the job's best so far): every
-    candidate that could become best is verified, the rest are not built twice.
+    kernel alone, on pre-packed weights. It is verified when it beats `verify_below_s` (the job's
+    best so far: every candidate that could become best is verified, the rest need not be): the
+    timed kernel runs on the workload's inputs with its weights packed by the program's own
+    packing functions, compiled apart once per workload (`workers.packing`). Where that split
+    fails, the whole program (packing included) is built and run instead.
     """
     from tuner import tvm_api as tv
 
@@ -91,13 +93,14 @@ def measure_one(inp: MeasureInput, prep: _Prepared, send: Any) -> MeasureResult:
         try:
             if sch is None:
                 sch = _replay(prep, inp.trace_json)
-            rt_whole = tv.compile_module(sch.mod, target)
+            rt_check, inputs = _packed_or_whole(tv, sch.mod, prep, params, target, dev)
         except Exception as exc:
             return MeasureResult.failure(tid, Invalidity.BUILD_ERROR, _why(exc),
                                          build_s=build_s)
         send({"trial_id": tid, "phase": "running"})
         try:
-            _, ok, max_err, why = _run_and_check(rt_whole, prep, send, tid, dev)
+            _, ok, max_err, why = _run_and_check(rt if rt_check is None else rt_check, prep,
+                                                 send, tid, dev, inputs)
         except Exception as exc:
             return MeasureResult.failure(tid, Invalidity.RUN_ERROR, _why(exc),
                                          build_s=build_s)
@@ -106,6 +109,21 @@ def measure_one(inp: MeasureInput, prep: _Prepared, send: Any) -> MeasureResult:
                                          build_s=build_s, max_abs_err=max_err)
     return MeasureResult(trial_id=tid, invalidity=Invalidity.OK, latencies_s=latencies,
                          build_s=build_s, max_abs_err=max_err)
+
+
+def _packed_or_whole(tv: Any, sched_mod: Any, prep: _Prepared, params: list[Any], target: Any,
+                     dev: Any) -> tuple[Any | None, list[Any] | None]:
+    """What verifies a kernel timed on packed weights: (None, its inputs with the weights
+    packed), to run the timed kernel itself on; or, where the program does not split into
+    packing and kernel as expected, (the whole program built, None)."""
+    try:
+        inputs = prep.packer.kernel_inputs(sched_mod, target, dev)
+        specs = [(tuple(int(d) for d in a.shape), str(a.dtype)) for a in inputs]
+        if specs == [(tuple(shape), str(dt)) for shape, dt in params[:len(inputs)]]:
+            return None, inputs
+    except Exception:  # any failure to split: verify the whole program
+        traceback.print_exc()
+    return tv.compile_module(sched_mod, target), None
 
 
 def verified_artifact(inp: MeasureInput) -> str:
