@@ -58,7 +58,7 @@ from tuner.tvm_api import derived_object, ms
 from tuner.workloads import Workload
 
 MAX_ROWS = 8  # rows of the micro-kernel
-MAX_VECS = 8  # 16-lane accumulators per row
+MAX_VECS = 8  # vector accumulators per row (16 lanes with VNNI, 8 with AVX2)
 PARALLEL = (2, 4, 8, 16, 64, 256)  # max extent of the fused parallel loop (2 cores)
 UNROLL = (0, 16, 64, 512)  # pragma_auto_unroll_max_step on the outer loops
 ORDERS = ("ij", "ji")  # order of the cache-block loops; one design space each

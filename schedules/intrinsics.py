@@ -74,9 +74,9 @@ def register_all() -> list[str]:
     """Register every tunefarm intrinsic in this process and return their names: what a stock
     TVM process needs before it replays records exported with `tunefarm db export --format
     metaschedule` whose traces tensorize with them (`softmax-x86`, `activation-x86`, the
-    GELU/SiLU pass of `gemm-x86`, `dense-int8-vnni`, the aarch64 templates). The whole-row
-    intrinsics have a row length in their names: `register_for_trace` registers those a trace
-    names."""
+    GELU/SiLU pass of `gemm-x86`, `dense-int8-vnni`, `dense-int8-avx2`, the aarch64 templates).
+    The whole-row intrinsics have a row length in their names: `register_for_trace` registers
+    those a trace names."""
     return [use(name) for name in sorted(_FACTORIES)]
 
 

@@ -100,9 +100,10 @@ class PerfectTile:
 class RegisterTile:
     """A loop split into [outer, inner] with the inner extent drawn uniformly among the divisors
     of the loop's extent in [lo, hi], else the largest divisor <= hi: a register tile that fills
-    the micro-kernel, never a degenerate 1- or 2-wide one, and always perfect. `narrow`: the
-    [lo, hi] on targets with 16 vector registers, not 32 (AVX2: each wide accumulator there takes
-    two registers), where the template asks for it (`Template.split(..., narrow=True)`)."""
+    the micro-kernel, never a degenerate narrow one (`lo` of 4: no 1- or 2-wide tile), and always
+    perfect. `narrow`: the [lo, hi] on targets with 16 vector registers, not 32 (AVX2: each wide
+    accumulator there takes two registers), where the template asks for it
+    (`Template.split(..., narrow=True)`)."""
 
     lo: int
     hi: int

@@ -118,8 +118,9 @@ def _packed_or_whole(tv: Any, sched_mod: Any, prep: _Prepared, params: list[Any]
     packing and kernel as expected, (the whole program built, None)."""
     try:
         inputs = prep.packer.kernel_inputs(sched_mod, target, dev)
-        specs = [(tuple(int(d) for d in a.shape), str(a.dtype)) for a in inputs]
-        if specs == [(tuple(shape), str(dt)) for shape, dt in params[:len(inputs)]]:
+        outs = [(tuple(shape), dt) for _, shape, dt in prep.arg_specs[len(prep.inputs):]]
+        specs = [(tuple(int(d) for d in a.shape), str(a.dtype)) for a in inputs] + outs
+        if specs == [(tuple(shape), str(dt)) for shape, dt in params]:  # what the kernel takes
             return None, inputs
     except Exception:  # any failure to split: verify the whole program
         traceback.print_exc()
