@@ -73,7 +73,7 @@ class Packer:
                  arg_specs: list[tuple[str, tuple[int, ...], str]]) -> None:
         self.inputs = inputs
         self.arg_specs = arg_specs
-        # (target, the inputs read, the function's hash) -> the packed array
+        # (target, the inputs read, `_packing_of` the function) -> the packed array
         self._packed: dict[tuple[str, tuple[int, ...], tuple[Any, ...]], Any] = {}
 
     def kernel_inputs(self, sched_mod: Any, target: Any, dev: Any) -> list[Any]:
