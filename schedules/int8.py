@@ -50,7 +50,13 @@ from __future__ import annotations
 from abc import abstractmethod
 from typing import Any
 
-from schedules.base import StructuralTemplate, cpu_postprocs, fold_epilogue, is_x86
+from schedules.base import (
+    StructuralTemplate,
+    cpu_postprocs,
+    fold_epilogue,
+    is_x86,
+    vector_lanes,
+)
 from schedules.intrinsics import PMADDWD_8x2_AVX2, VNNI_16x4_LLVM22, use
 from schedules.knobs import Categorical, DesignSpace, Fixed, PerfectTile, knob_table
 from schedules.match import INT8, GemmMatch, match_gemm
@@ -68,12 +74,6 @@ def has_vnni(target: Any) -> bool:
     from tuner.tvm_api import tvm_ffi
 
     return bool(tvm_ffi.get_global_func("target.llvm_cpu_has_feature")("avx512vnni", target))
-
-
-def has_avx2(target: Any) -> bool:
-    from tuner.tvm_api import tvm_ffi
-
-    return bool(tvm_ffi.get_global_func("target.llvm_cpu_has_feature")("avx2", target))
 
 
 def pack_weight(sch: Any, block: Any, read: int = 1, axes: str = "jk", *, lanes: int = 16,
@@ -247,4 +247,4 @@ class DenseInt8AVX2(_DenseInt8):
     def _why_not_target(self, target: Any) -> str | None:
         if has_vnni(target):
             return "the target has AVX512-VNNI: dense-int8-vnni serves it"
-        return None if has_avx2(target) else "the target has no AVX2"
+        return None if vector_lanes(target, 32) >= 8 else "the target has no AVX2"

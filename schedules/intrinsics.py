@@ -93,21 +93,28 @@ def register_all() -> list[str]:
 VNNI_16x4_LLVM22 = "dot_16x4_vnni_llvm22"
 
 
-def _vnni_intrin() -> tuple[Any, Any]:
+def _dot_u8i8_desc(lanes: int, group: int, scope: str = "global") -> Any:
+    """The description the int8 dot-product intrinsics share: C[lanes] int32 (in `scope`) +=
+    A[group] uint8 . B[lanes, group] int8, lane i taking row i of B."""
+
     @T.prim_func(s_tir=True)
     def desc(a_h: T.handle, b_h: T.handle, c_h: T.handle) -> None:
-        A = T.match_buffer(a_h, (4,), "uint8", offset_factor=1)
-        B = T.match_buffer(b_h, (16, 4), "int8", offset_factor=1)
-        C = T.match_buffer(c_h, (16,), "int32", offset_factor=1)
+        A = T.match_buffer(a_h, (group,), "uint8", offset_factor=1)
+        B = T.match_buffer(b_h, (lanes, group), "int8", offset_factor=1)
+        C = T.match_buffer(c_h, (lanes,), "int32", offset_factor=1, scope=scope)
         with T.sblock("root"):
-            T.reads(C[0:16], A[0:4], B[0:16, 0:4])
-            T.writes(C[0:16])
-            for i in T.serial(0, 16):
-                for k in T.serial(0, 4):
+            T.reads(C[0:lanes], A[0:group], B[0:lanes, 0:group])
+            T.writes(C[0:lanes])
+            for i in T.serial(0, lanes):
+                for k in T.serial(0, group):
                     with T.sblock("update"):
                         vi, vk = T.axis.remap("SR", [i, k])
                         C[vi] = C[vi] + T.cast(A[vk], "int32") * T.cast(B[vi, vk], "int32")
 
+    return desc
+
+
+def _vnni_intrin() -> tuple[Any, Any]:
     @T.prim_func(s_tir=True)
     def impl(a_h: T.handle, b_h: T.handle, c_h: T.handle) -> None:
         A = T.match_buffer(a_h, (4,), "uint8", offset_factor=1)
@@ -124,7 +131,7 @@ def _vnni_intrin() -> tuple[Any, Any]:
                 T.llvm_lookup_intrinsic_id("llvm.x86.avx512.vpdpbusd.512"),
                 C_i32x16, A_u8x64, B_i8x64, dtype="int32x16")
 
-    return desc, impl
+    return _dot_u8i8_desc(16, 4), impl
 
 
 _FACTORIES[VNNI_16x4_LLVM22] = _vnni_intrin
@@ -143,20 +150,6 @@ PMADDWD_8x2_AVX2 = "dot_8x2_u8i8s32_avx2"
 
 def _pmaddwd_intrin() -> tuple[Any, Any]:
     @T.prim_func(s_tir=True)
-    def desc(a_h: T.handle, b_h: T.handle, c_h: T.handle) -> None:
-        A = T.match_buffer(a_h, (2,), "uint8", offset_factor=1)
-        B = T.match_buffer(b_h, (8, 2), "int8", offset_factor=1)
-        C = T.match_buffer(c_h, (8,), "int32", offset_factor=1)
-        with T.sblock("root"):
-            T.reads(C[0:8], A[0:2], B[0:8, 0:2])
-            T.writes(C[0:8])
-            for i in T.serial(0, 8):
-                for k in T.serial(0, 2):
-                    with T.sblock("update"):
-                        vi, vk = T.axis.remap("SR", [i, k])
-                        C[vi] = C[vi] + T.cast(A[vk], "int32") * T.cast(B[vi, vk], "int32")
-
-    @T.prim_func(s_tir=True)
     def impl(a_h: T.handle, b_h: T.handle, c_h: T.handle) -> None:
         A = T.match_buffer(a_h, (2,), "uint8", offset_factor=1)
         B = T.match_buffer(b_h, (8, 2), "int8", offset_factor=1)
@@ -173,7 +166,7 @@ def _pmaddwd_intrin() -> tuple[Any, Any]:
                 T.Cast("int16x16", B.vload([0, 0], dtype="int8x16")),
                 dtype="int32x8")
 
-    return desc, impl
+    return _dot_u8i8_desc(8, 2), impl
 
 
 _FACTORIES[PMADDWD_8x2_AVX2] = _pmaddwd_intrin
@@ -363,20 +356,6 @@ def _usdot_intrin(acc_scope: str) -> tuple[Any, Any]:
     `usdot Vd.4s, Vn.16b, Vm.16b` (Vn unsigned, Vm signed; LLVM's operand order: acc, u8, s8)."""
 
     @T.prim_func(s_tir=True)
-    def desc(a: T.handle, b: T.handle, c: T.handle) -> None:
-        A = T.match_buffer(a, (4,), "uint8", offset_factor=1)
-        B = T.match_buffer(b, (4, 4), "int8", offset_factor=1)
-        C = T.match_buffer(c, (4,), "int32", offset_factor=1, scope=acc_scope)
-        with T.sblock("root"):
-            T.reads(C[0:4], A[0:4], B[0:4, 0:4])
-            T.writes(C[0:4])
-            for i in T.serial(0, 4):
-                for k in T.serial(0, 4):
-                    with T.sblock("update"):
-                        vi, vk = T.axis.remap("SR", [i, k])
-                        C[vi] = C[vi] + T.Cast("int32", A[vk]) * T.Cast("int32", B[vi, vk])
-
-    @T.prim_func(s_tir=True)
     def impl(a: T.handle, b: T.handle, c: T.handle) -> None:
         A = T.match_buffer(a, (4,), "uint8", offset_factor=1)
         B = T.match_buffer(b, (4, 4), "int8", offset_factor=1)
@@ -394,7 +373,7 @@ def _usdot_intrin(acc_scope: str) -> tuple[Any, Any]:
                 B.vload([0, 0], dtype="int8x16"),  # 16 contiguous bytes: needs the packing
                 dtype="int32x4")
 
-    return desc, impl
+    return _dot_u8i8_desc(4, 4, acc_scope), impl
 
 
 _FACTORIES[USDOT_INTRIN] = lambda: _usdot_intrin("global")

@@ -62,6 +62,15 @@ def test_a_program_without_packing_is_its_own_kernel() -> None:
     assert [a.shape for a in inputs] == [(16, 24), (32, 24)]
 
 
+@pytest.fixture
+def builds(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """Every module `tv.compile_module` builds from here on, in order."""
+    built: list[Any] = []
+    real = tv.compile_module
+    monkeypatch.setattr(tv, "compile_module", lambda m, t: built.append(m) or real(m, t))
+    return built
+
+
 def _measure(w: Any, sch: Any, prep: Prepared) -> Any:
     opts = MeasureOptions(repeats=1, min_repeat_ms=1.0)  # verify_below_s None: always verified
     inp = MeasureInput(trial_id="packed", workload_key=w.key, workload_spec=w.spec,
@@ -70,17 +79,14 @@ def _measure(w: Any, sch: Any, prep: Prepared) -> Any:
 
 
 def test_sandbox_verifies_the_timed_kernel_on_packed_weights(
-        candidates: tuple[Any, list[Any]], monkeypatch: pytest.MonkeyPatch) -> None:
+        candidates: tuple[Any, list[Any]], builds: list[Any]) -> None:
     w, schs = candidates
     prep = Prepared(w.spec)
-    whole = []
-    real = tv.compile_module
-    monkeypatch.setattr(tv, "compile_module", lambda m, t: whole.append(m) or real(m, t))
     res = _measure(w, schs[0], prep)
     assert res.invalidity == Invalidity.OK, res.error_msg
     assert res.max_abs_err == 0.0
     # compiled in the sandbox: the kernel to time, the packing function; not the whole program
-    assert len(whole) == 2 and prep.packer._packed
+    assert len(builds) == 2 and prep.packer._packed
     # the check runs the kernel on those packed weights: spoil them and it must fail
     (key,) = prep.packer._packed
     prep.packer._packed[key] = prep.packer._packed[key][::-1].copy()
@@ -89,7 +95,8 @@ def test_sandbox_verifies_the_timed_kernel_on_packed_weights(
 
 
 def test_sandbox_verifies_the_whole_program_where_the_split_fails(
-        candidates: tuple[Any, list[Any]], monkeypatch: pytest.MonkeyPatch) -> None:
+        candidates: tuple[Any, list[Any]], monkeypatch: pytest.MonkeyPatch,
+        builds: list[Any]) -> None:
     w, schs = candidates
     prep = Prepared(w.spec)
 
@@ -97,12 +104,9 @@ def test_sandbox_verifies_the_whole_program_where_the_split_fails(
         raise RuntimeError("no split")
 
     monkeypatch.setattr(prep.packer, "kernel_inputs", broken)
-    built = []
-    real = tv.compile_module
-    monkeypatch.setattr(tv, "compile_module", lambda m, t: built.append(m) or real(m, t))
     res = _measure(w, schs[1], prep)
     assert res.invalidity == Invalidity.OK, res.error_msg
     assert res.max_abs_err == 0.0
     # the kernel to time, then the whole program (packing included) to verify
-    assert len(built) == 2
-    assert tv.param_specs(built[1]) == [(s, d) for _, s, d in w.arg_specs()]
+    assert len(builds) == 2
+    assert tv.param_specs(builds[1]) == [(s, d) for _, s, d in w.arg_specs()]
