@@ -120,7 +120,8 @@ class RegisterBudget(ms.postproc.PyPostproc):
         return RegisterBudget(self.registers)
 
 
-def _knobs(lanes: int, group: int, packed: str) -> Any:
+def _knobs(lanes: int, group: int) -> Any:
+    packed = f"packed weight Wp[N/{lanes}, K/{group}, {lanes}, {group}]"
     return knob_table(
         # sampled in this order: RegisterBudget reads the first two perfect tiles as (rows, vectors)
         rows=PerfectTile(3, max_innermost=MAX_ROWS, of="M",
@@ -152,10 +153,10 @@ class _DenseInt8(StructuralTemplate):
 
     ops = ("dense_int8", "tir")
     tensorize = True  # RewriteTensorize tensorizes the blockized update, vectorizes the init
-    lanes = 16
-    group = 4
-    registers = 32
-    intrin = VNNI_16x4_LLVM22
+    lanes: int
+    group: int
+    registers: int
+    intrin: str
 
     @abstractmethod
     def _why_not_target(self, target: Any) -> str | None:
@@ -225,7 +226,8 @@ class DenseInt8VNNI(_DenseInt8):
                    "micro-kernel of rows x 16-lane accumulators tensorized with vpdpbusd "
                    f"({VNNI_16x4_LLVM22}), k blocking, parallel outer tiles, an elementwise "
                    "epilogue (requantization) per tile. Needs N % 16 == 0 and K % 4 == 0.")
-    KNOBS = _knobs(16, 4, "packed weight Wp[N/16, K/4, 16, 4]")
+    lanes, group, registers, intrin = 16, 4, 32, VNNI_16x4_LLVM22
+    KNOBS = _knobs(lanes, group)
 
     def _why_not_target(self, target: Any) -> str | None:
         return None if has_vnni(target) else "the target has no AVX512-VNNI"
@@ -238,11 +240,8 @@ class DenseInt8AVX2(_DenseInt8):
                    f"tensorized with vpmaddwd on int16-widened operands ({PMADDWD_8x2_AVX2}, "
                    "exact), k blocking, parallel outer tiles, an elementwise epilogue "
                    "(requantization) per tile. Needs N % 8 == 0 and K % 2 == 0.")
-    KNOBS = _knobs(8, 2, "packed weight Wp[N/8, K/2, 8, 2]")
-    lanes = 8
-    group = 2
-    registers = 16
-    intrin = PMADDWD_8x2_AVX2
+    lanes, group, registers, intrin = 8, 2, 16, PMADDWD_8x2_AVX2
+    KNOBS = _knobs(lanes, group)
 
     def _why_not_target(self, target: Any) -> str | None:
         if has_vnni(target):
