@@ -113,6 +113,7 @@ def _transposed_a() -> Any:
     (13, 32, 24, "relu", False),     # off the grid: M prime (padded to 16 rows)
     (13, 32, 24, "gelu", False),     # the same with GELU: its passes over the whole output
     (256, 40, 24, "relu", False),    # N = 40, padded to 48
+    (256, 170, 8, None, False),      # N = 170: 11 vectors, padded to 12 (2-vector kernels fit)
     (197, 32, 20, None, True),       # M prime, a residual
 ])
 def test_the_gemm_template_serves_fused_relax_tasks(m: int, n: int, k: int, act: str | None,
@@ -134,6 +135,21 @@ def test_the_gemm_template_serves_fused_relax_tasks(m: int, n: int, k: int, act:
         assert text.count("_partition\")") == 2 * peeled
         assert "T.erf(" not in text and "T.tanh(" not in text and "T.sigmoid(" not in text
         check_outputs(sch, wl, X86)
+
+
+@pytest.mark.parametrize(("n", "padded"), [
+    (1024, 1024), (1000, 1008), (520, 528), (777, 800), (170, 192), (70, 80), (100, 112)])
+def test_n_off_the_grid_is_padded_so_that_2_vector_micro_kernels_fit_where_it_costs_little(
+        n: int, padded: int) -> None:
+    """777 columns are 49 vectors, which only a 1-vector micro-kernel divides: padded to 50.
+    Below 11 vectors the extra one would cost more than 1/11 of the columns: 70 stays at 5."""
+    from schedules.gemm import GemmX86
+
+    wl = parse_spec({"op": "matmul", "shape": [384, n, 64]})
+    assert GemmX86().knob_extents(wl)["nv"] * 16 == padded
+    space = registry.space_generator("gemm-x86", wl, X86)
+    for sch in sample_points(space, wl, X86, n=1):  # the packed weight's [N/16, K, 16] panels
+        assert f"({padded // 16}, 64, 16)" in sch.mod.script()
 
 
 def test_the_padded_weight_is_packed_with_plain_vector_loads() -> None:
