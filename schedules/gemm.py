@@ -196,7 +196,7 @@ def _padding(g: GemmMatch) -> tuple[int, int]:
     pm = 1 if any(rows % d == 0 for d in (4, 6, 8)) or g.shared_weight else 8
     if g.n % LANES == 0:
         return pm, 1
-    vectors = -(-g.n // LANES)
+    vectors = _round_up(g.n, LANES) // LANES
     return pm, 2 * LANES if vectors >= 11 and vectors % 2 and vectors % 3 else LANES
 
 
