@@ -56,7 +56,8 @@ def prepare(sched_mod: Any, wl: Any, inputs: list[np.ndarray], target: Any) -> T
     import time
 
     from tuner import tvm_api as tv
-    from workers.packing import compile_function, split
+    from tuner.prepack import split
+    from workers.packing import compile_function
 
     dev = tv.tvm.cpu(0)
     specs = wl.arg_specs()
@@ -101,9 +102,10 @@ def sched_mod_from_trace(wl: Any, trace_json: str) -> Any:
 
 
 def cross_check_stripped(sched_mod: Any, kernel: TvmKernel) -> bool:
-    """True when the kernel's params match what the tuners timed (`strip_layout_rewrite`)."""
+    """True when the kernel's params match what the tuners timed (`tuner.prepack.kernel`)."""
     from tuner import tvm_api as tv
+    from tuner.prepack import kernel as kernel_of
 
-    want = tv.param_specs(tv.strip_layout_rewrite(sched_mod))
+    want = tv.param_specs(kernel_of(sched_mod))
     got = [(tuple(int(d) for d in a.shape), str(a.dtype)) for a in kernel.args]
     return want == got

@@ -115,7 +115,7 @@ def _kernel_variant(name: str, summ: dict[str, Any] | None, wl: Any, inputs: lis
                  "same_params_as_tuned_kernel": cross_check_stripped(smod, kernel)}
         if not extra["same_params_as_tuned_kernel"]:
             log(f"    !!! {name}: the timed kernel's parameters differ from the kernel the tuner "
-                "measured (strip_layout_rewrite); timing it anyway")
+                "measured (tuner.prepack.kernel); timing it anyway")
     except Exception as exc:
         traceback.print_exc()
         return None, {"status": "error", "reason": f"{type(exc).__name__}: {exc}"[:2000]}

@@ -20,9 +20,11 @@ The classic register-blocked micro-kernel:
   the folded blocks before and after it;
 - any shape: N off the 16-lane grid is padded with zero weight columns in the packing (to whole
   vectors, one more where their count leaves only 1-vector micro-kernels: `_padding`), and the
-  write-back is predicated (such a packing is not a plain copy, which is all the layout-rewrite
-  passes take: the kernel packs its weight on every call, in parallel, so only for M >= 256
-  rows); an M with no 4/6/8-row divisor (a prime, say) is padded to 8 rows by a copy of x;
+  write-back is predicated. Such a packing is no plain copy, which MetaSchedule's search cannot
+  split off, so it is marked for tunefarm's split instead (`tuner.prepack`): measured and built
+  by tunefarm it too runs once, at compile time (300×1000×300 on a 2-core Xeon: 276 → 315
+  GFLOPS); in a pipeline without that split it runs in the kernel. An M with no 4/6/8-row
+  divisor (a prime, say) is padded to 8 rows by a copy of x;
 - knobs: the tiling of M into [outer, middle, mr], of N/16 into [outer, middle, nv], of K into
   [outer, unroll]; loop order of the middle loops (two design spaces); explicit unroll depth.
   The outer M×N tiles (and the batch) are fused and run in parallel.
@@ -39,14 +41,15 @@ from schedules.intrinsics import ACTIVATION_F32, use
 from schedules.knobs import Categorical, DesignSpace, PerfectTile, divides, knob_table
 from schedules.match import GemmMatch, match_gemm
 from schedules.match_rows import activation_of
+from tuner.prepack import PADDED_PREPROC, PREPROC
 from tuner.workloads import Workload
 
 LANES = 16  # fp32 lanes of a zmm register
-# N off the grid: the padded packing runs on every call (N·K copies against M·N·K FMAs); measured
-# at 300×1000×300 the template beat MetaSchedule's space (0.68×), at 100×1000×300 it lost (1.04×);
-# with the peeled packing, 100×1000×300 at 64 trials on a Zen 4: template 187 GFLOPS in 28 s,
-# generated space 197 in 48 s
-MIN_ROWS_PADDED_N = 256
+# N off the grid, fewer rows than this: the generated space. Since the padded packing runs at
+# compile time (tuner/prepack.py), the template wins down to 4 rows (2-core Xeon, 64 trials:
+# 4×1000×768 274 GFLOPS against the generated space's 165, 16×1000×300 300 against 184), but
+# not for a GEMV-like 1×1000×768, whose one row is padded to 8 (46 µs against 24)
+MIN_ROWS_PADDED_N = 4
 # activations in an epilogue computed by a polynomial intrinsic (schedules/intrinsics.py) rather
 # than one libm call per lane: relax's GELU 128×768→3072 went from 5.9 to 2.7 ms, its tanh form
 # 64×256→1024 from 351 to 150 µs (Zen 4, 64 trials). Sigmoid (SiLU) measured no faster on a Zen 4
@@ -88,8 +91,8 @@ class GemmX86(StructuralTemplate):
         rows = g.m * g.batch_size if g.shared_weight else g.m
         if g.n % LANES and rows < MIN_ROWS_PADDED_N:
             return (f"N={g.n} is off the {LANES}-lane grid and M={rows} < {MIN_ROWS_PADDED_N}: "
-                    "the padded weight is packed on every call, which costs more than the "
-                    "generated space loses")
+                    "a row padded to a micro-kernel's 8 costs more than the generated space "
+                    "loses")
         return None
 
     def knob_extents(self, workload: Workload) -> dict[str, int]:
@@ -116,21 +119,14 @@ class GemmX86(StructuralTemplate):
         packed = sch.cache_read(blk, g.weight, "global")
         sch.transform_layout(blk, ("read", g.weight), _panels(g.weight_axes))
         if wpad is None:
-            sch.annotate(packed, "meta_schedule.layout_rewrite_preproc", True)
-        else:  # padded in the packing: no longer a plain copy, which is all that MetaSchedule's
-            # and relax's layout-rewrite passes take, so the kernel packs on every call
+            sch.annotate(packed, PREPROC, True)
+        else:  # the zero columns written by the packing itself, which is then no plain copy:
+            # TVM's RemoveWeightLayoutRewriteBlock (inside MetaSchedule's search) takes only
+            # those, relax's split takes it; marked for tunefarm's split (tuner/prepack.py), and
+            # in parallel over K rows where it runs in the kernel (a pipeline without that split)
             sch.compute_inline(wpad)
-            # that per-call packing in parallel over K rows, 16 lanes at a time, the vectors
-            # wholly inside N peeled from the last one, which reaches into the zero padding
-            # (with one `if_then_else` over all of them LLVM emits masked gathers, vgatherqps):
-            # on a Zen 4, 300×1000×300 went from 112 (serial) to 161 (parallel) to 195 GFLOPS
-            # (peeled), 384×777×512 from 145 to 200; the on-grid 300×1008×300 reaches 228
-            pk, pj = sch.get_loops(packed)[-2:]
-            sch.parallel(pk)
-            pjo, pji = sch.split(pj, [None, LANES])
-            sch.vectorize(pji)
-            if g.n > LANES:
-                sch.loop_partition(pjo, [g.n // LANES, None])
+            sch.annotate(packed, PADDED_PREPROC, True)
+            sch.parallel(sch.get_loops(packed)[0])
         sch.annotate(root, "meta_schedule.unroll_explicit", self.sample(sch, "unroll"))
         # the blocks looked up again (the packing block came first): stored traces of op specs
         # have these two instructions here

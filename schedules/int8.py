@@ -80,7 +80,7 @@ def pack_weight(sch: Any, block: Any, read: int = 1, axes: str = "jk", *, lanes:
                 group: int = 4) -> Any:
     """cache_read the weight of `block` (its read `read`, indexed [N, K] for axes "jk", [K, N]
     for "kj") into the fixed packed layout [N/lanes, K/group, lanes, group] and mark the copy as
-    the compile-time weight packing (dropped from the timed kernel by strip_layout_rewrite)."""
+    the compile-time weight packing (dropped from the timed kernel by `tuner.prepack.kernel`)."""
     wp = sch.cache_read(block, read, "global")
     if axes == "jk":
         sch.transform_layout(wp, ("write", 0),

@@ -230,7 +230,8 @@ def apply_trace(mod: Any, trace_json: str) -> Any:
 def strip_layout_rewrite(mod: Any) -> Any:
     """Drop the weight-packing blocks MetaSchedule's RewriteLayout adds for layout-free weights:
     the kernel then takes the weight pre-packed (packing is paid once at compile time for model
-    constants; relax's SplitLayoutRewritePreproc does the same in a pipeline)."""
+    constants; relax's SplitLayoutRewritePreproc does the same in a pipeline). TVM's pass takes
+    only packings that are plain copies: `tuner.prepack.kernel` takes any."""
     from tvm.s_tir.transform import RemoveWeightLayoutRewriteBlock
 
     return RemoveWeightLayoutRewriteBlock(skip_tensor_rewrite=True)(mod)

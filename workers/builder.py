@@ -33,6 +33,7 @@ def build_kernel(inp_json: str, out_dir: str, whole: bool = False
     machine's architecture and a `.tar` for another one (no cross linker needed)."""
     from schedules.registry import replay
     from tuner import tvm_api as tv
+    from tuner.prepack import kernel as kernel_of
     from tuner.workloads import parse_spec
 
     t0 = time.perf_counter()
@@ -41,7 +42,7 @@ def build_kernel(inp_json: str, out_dir: str, whole: bool = False
     if wl is None:
         wl = _WORKLOADS[inp.workload_key] = parse_spec(inp.workload_spec)
     sch = replay(wl.mod(), inp.trace_json)
-    mod = sch.mod if whole else tv.strip_layout_rewrite(sch.mod)
+    mod = sch.mod if whole else kernel_of(sch.mod)
     target = tv.make_target(inp.target)
     rt = tv.compile_module(mod, target)
     name = f"{inp.trial_id}-whole" if whole else inp.trial_id

@@ -3,11 +3,12 @@
 A template (and MetaSchedule's RewriteLayout) puts blocks marked
 `meta_schedule.layout_rewrite_preproc` in front of the kernel: each copies a layout-free weight
 into the layout the kernel reads. Measurers time the kernel without them, on weights packed
-beforehand. To verify such a kernel, `split` separates the program the way relax's own pipeline
-does (`SplitLayoutRewritePreproc`): the packing functions, then the kernel. `Packer` compiles
-each packing function once per process (the candidates of a template share them: its layouts
-never depend on a sampled knob) and keeps what it packed, so a candidate is verified with the
-very binary that was timed, on weights packed once, with no second build of the whole program.
+beforehand. To verify such a kernel, `tuner.prepack.split` separates the program the way relax's
+own pipeline does (`SplitLayoutRewritePreproc`): the packing functions, then the kernel.
+`Packer` compiles each packing function once per process (the candidates of a template share
+them: its layouts never depend on a sampled knob) and keeps what it packed, so a candidate is
+verified with the very binary that was timed, on weights packed once, with no second build of
+the whole program.
 """
 
 from __future__ import annotations
@@ -15,46 +16,6 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-
-Step = tuple[str, list[Any], Any]  # (callee name, its argument vars, the var bound to its result)
-
-
-def split(func: Any, arg_specs: list[tuple[str, tuple[int, ...], str]],
-          n_inputs: int) -> tuple[Any, list[Step], Any]:
-    """(the split IRModule, its call steps in order, the returned var) for the PrimFunc `func`
-    whose parameters are `arg_specs` (name, shape, dtype), the first `n_inputs` inputs. Without
-    a layout-rewrite block there is one step: the function itself."""
-    from tuner import tvm_api as tv
-
-    relax = tv.tvm.relax
-    bb = relax.BlockBuilder()
-    params = [relax.Var(name, relax.TensorType(shape, dt))
-              for name, shape, dt in arg_specs[:n_inputs]]
-    with bb.function("main", params):
-        gv = bb.add_func(func.without_attr("global_symbol"), "kernel")
-        outs = [relax.TensorType(shape, dt) for _, shape, dt in arg_specs[n_inputs:]]
-        res = bb.emit(relax.call_tir(gv, params, outs[0] if len(outs) == 1 else outs))
-        bb.emit_func_output(res)
-    mod = relax.transform.SplitLayoutRewritePreproc()(bb.get())
-    main = mod["main"]
-    call_tir = tv.tvm.ir.Op.get("relax.call_tir")
-    steps: list[Step] = []
-    alias: dict[Any, Any] = {}
-    for block in main.body.blocks:
-        for b in block.bindings:
-            v = b.value
-            if isinstance(v, relax.Call) and v.op.same_as(call_tir):
-                args = [alias.get(a, a) for a in v.args[1].fields]
-                steps.append((v.args[0].name_hint, args, b.var))
-            elif isinstance(v, relax.Var):
-                alias[b.var] = alias.get(v, v)
-            else:
-                raise RuntimeError(f"unexpected binding after SplitLayoutRewritePreproc: {v}")
-    ret = main.body.body
-    ret = alias.get(ret, ret)
-    if not steps or not steps[-1][2].same_as(ret):
-        raise RuntimeError("the split program does not end with the kernel call")
-    return mod, steps, ret
 
 
 def compile_function(func: Any, target: Any) -> Any:
@@ -77,10 +38,11 @@ class Packer:
         self._packed: dict[tuple[str, tuple[int, ...], tuple[Any, ...]], Any] = {}
 
     def kernel_inputs(self, sched_mod: Any, target: Any, dev: Any) -> list[Any]:
-        """The inputs of the kernel that `strip_layout_rewrite(sched_mod)` compiles to, on
+        """The inputs of the kernel that `tuner.prepack.kernel(sched_mod)` compiles to, on
         `dev`: the workload's inputs with each layout-free weight packed as `sched_mod`'s
         layout-rewrite blocks pack it."""
         from tuner import tvm_api as tv
+        from tuner.prepack import split
 
         mod, steps, _ = split(sched_mod["main"], self.arg_specs, len(self.inputs))
         params = list(mod["main"].params)

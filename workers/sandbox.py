@@ -49,6 +49,7 @@ def measure_one(inp: MeasureInput, prep: _Prepared, send: Any) -> MeasureResult:
     fails, the whole program (packing included) is built and run instead.
     """
     from tuner import tvm_api as tv
+    from tuner.prepack import kernel as kernel_of
 
     opts = inp.options
     tid = inp.trial_id
@@ -62,7 +63,7 @@ def measure_one(inp: MeasureInput, prep: _Prepared, send: Any) -> MeasureResult:
             params = list(inp.artifact_params)
         else:
             sch = _replay(prep, inp.trace_json)
-            kernel_mod = tv.strip_layout_rewrite(sch.mod)
+            kernel_mod = kernel_of(sch.mod)
             rt = (_load_verified(tv, inp) if inp.artifact
                   else tv.compile_module(kernel_mod, target))
             params = tv.param_specs(kernel_mod)

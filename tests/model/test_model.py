@@ -298,3 +298,51 @@ def test_fast_math_gelu_computes_gelu_without_libm_calls(tmp_path: Path, act: st
         vm = relax.VirtualMachine(build(mod, target, db, fast_math=fm).executable, tvm.cpu())
         outs.append(vm["main"](tvm.runtime.tensor(xs)).numpy())
     np.testing.assert_allclose(outs[1], outs[0], rtol=1e-5, atol=1e-6)
+
+
+def test_a_padded_weight_is_packed_once_at_build_time(tmp_path: Path) -> None:
+    """N off the 16 grid: `gemm-x86` pads the weight as it packs it, which is no plain copy;
+    tunefarm's pipeline still splits that packing off and folds it on the bound weight, so the
+    built kernel takes the packed weight and computes the model's output."""
+    from schedules import registry
+    from tests.schedules.test_spaces import sample_points
+    from tuner.db import Store
+    from tuner.db.ms_database import TunefarmDatabase
+    from tuner.model.pipeline import apply, build
+    from tuner.workloads import parse_spec
+
+    rng = np.random.default_rng(0)
+    w = rng.uniform(-1, 1, (40, 48)).astype("float32")  # linear: [N, K], N = 40 -> 48
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((64, 48), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            out = bb.emit_output(relax.op.nn.relu(relax.op.linear(x, relax.const(w))))
+        bb.emit_func_output(out)
+    mod = bb.get()
+    target = make_target("host")
+    (task,) = extract(partition(mod, target), target)
+    wl = parse_spec({"op": "tir", "tvmscript": task.func.script()})
+    space = registry.space_generator("gemm-x86", wl, target)
+    (sch,) = sample_points(space, wl, target, n=1)[:1]
+    db = TunefarmDatabase(Store(f"sqlite:///{tmp_path / 'tf.db'}"))
+    task_mod = tvm.IRModule({"main": task.func})
+    db.commit_tuning_record(ms.database.TuningRecord(
+        trace=sch.trace, workload=db.commit_workload(task_mod), run_secs=[1e-5], target=target,
+        args_info=ms.arg_info.ArgInfo.from_prim_func(task.func)))
+
+    applied, _, untuned = apply(mod, target, db)
+    assert not untuned
+    funcs = {gv.name_hint: f for gv, f in applied.functions.items()
+             if isinstance(f, tvm.tirx.PrimFunc)}
+    (kernel,) = [f for name, f in funcs.items() if name.endswith("_prepacked")]
+    assert [tuple(int(d) for d in p.shape) for p in kernel.params][1] == (3, 48, 16)
+    assert "if_then_else" not in kernel.script()  # the padding is not in the kernel
+    main = applied["main"].script()
+    (packing,) = [name for name in funcs if name.endswith("_weight_prepack")]
+    assert packing not in main, main  # folded on the weight: main never calls it
+
+    xs = rng.uniform(-1, 1, (64, 48)).astype("float32")
+    vm = relax.VirtualMachine(build(mod, target, db).executable, tvm.cpu())
+    got = vm["main"](tvm.runtime.tensor(xs)).numpy()
+    np.testing.assert_allclose(got, np.maximum(xs @ w.T, 0), rtol=1e-4, atol=1e-4)

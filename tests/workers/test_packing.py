@@ -12,6 +12,7 @@ import pytest
 
 from tests.schedules.test_int8 import sample, workload
 from tests.support.targets import AVX2_X86
+from tuner import prepack
 from tuner import tvm_api as tv
 from tuner.measure import Invalidity, MeasureInput, MeasureOptions
 from workers import packing
@@ -55,7 +56,7 @@ def test_kernel_inputs_are_the_weights_packed_once(candidates: tuple[Any, list[A
 
 def test_a_program_without_packing_is_its_own_kernel() -> None:
     w = workload(16, 32, 24)
-    _, steps, _ = packing.split(w.mod()["main"], w.arg_specs(), w.num_inputs)
+    _, steps, _ = prepack.split(w.mod()["main"], w.arg_specs(), w.num_inputs)
     assert len(steps) == 1
     inputs = Prepared(w.spec).packer.kernel_inputs(w.mod(), tv.make_target(AVX2_X86),
                                                    tv.tvm.cpu(0))

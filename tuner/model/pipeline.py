@@ -7,9 +7,10 @@ tasks tuned are exactly the PrimFuncs the build looks up:
     extract     MetaSchedule's task extraction; tasks computing the same thing
                 (`tuner.workloads.identity`) merge, their call counts summed as the weight
     build       partition, MetaScheduleApplyDatabase with a `TunefarmDatabase`, the packing of
-                constant weights split out and folded (SplitLayoutRewritePreproc,
-                FoldConstant), then `tvm.compile`. A task without a record keeps relax's
-                default loops (correct, slow); `build` names them.
+                constant weights split out and folded (`tuner.prepack.mark_padded` for
+                padded packings, SplitLayoutRewritePreproc, FoldConstant), then
+                `tvm.compile`. A task without a record keeps relax's default loops
+                (correct, slow); `build` names them.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from ..prepack import mark_padded
 from ..tvm_api import make_target, ms, relax, tvm
 from ..workloads.identity import identity_hash
 from .fastmath import FastGelu
@@ -85,6 +87,7 @@ def apply(mod: Any, target: Any, database: Any, *,
                                                t.name) is None]
     with target, database:
         applied = relax.transform.MetaScheduleApplyDatabase()(part)
+    applied = mark_padded(applied)  # padded weights packed at compile time too
     applied = relax.transform.FoldConstant()(relax.transform.SplitLayoutRewritePreproc()(applied))
     return applied, tasks, untuned
 
