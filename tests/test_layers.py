@@ -40,7 +40,8 @@ PACKAGES = ("tuner", "workers", "api", "schedules")
 LAYERS: list[tuple[int, str, tuple[str, ...]]] = [
     (0, "core", ("tuner", "tuner.tvm_api", "tuner.errors", "tuner.config", "tuner.signals",
                  "tuner.isolation", "tuner.lean", "tuner.targets", "tuner.workloads", "tuner.db",
-                 "tuner.measure", "tuner.queue", "tuner.logs", "tuner.telemetry")),
+                 "tuner.measure", "tuner.queue", "tuner.logs", "tuner.telemetry",
+                 "tuner.prepack")),
     (1, "schedules", ("schedules",)),
     (2, "tuner.search", ("tuner.search", "tuner.records", "tuner.db.ms_database",
                          "tuner.db.ms_json", "tuner.model")),
