@@ -111,3 +111,26 @@ def test_sandbox_verifies_the_whole_program_where_the_split_fails(
     # the kernel to time, then the whole program (packing included) to verify
     assert len(builds) == 2
     assert tv.param_specs(builds[1]) == [(s, d) for _, s, d in w.arg_specs()]
+
+
+def test_sandbox_times_a_padded_gemm_without_its_packing(builds: list[Any]) -> None:
+    """N off the 16 grid: gemm-x86's packing pads the weight (no plain copy, marked for
+    `tuner.prepack`). The sandbox times the kernel alone, on the weight packed and padded by
+    the program's own packing function, and checks it."""
+    from schedules import registry
+    from tests.schedules.test_spaces import sample_points
+    from tuner.workloads import parse_spec
+
+    w = parse_spec({"op": "matmul", "shape": [16, 40, 24]})
+    target = tv.make_target(AVX2_X86)
+    (sch, *_) = sample_points(registry.space_generator("gemm-x86", w, target), w, target, n=1)
+    prep = Prepared(w.spec)
+    inp = MeasureInput(trial_id="padded", workload_key=w.key, workload_spec=w.spec,
+                       target=AVX2_X86, trace_json=tv.trace_to_json(sch.trace),
+                       options=MeasureOptions(repeats=1, min_repeat_ms=1.0))
+    res = measure_one(inp, prep, lambda msg: None)
+    assert res.invalidity == Invalidity.OK, res.error_msg
+    assert res.max_abs_err is not None and res.max_abs_err < 1e-4
+    kernel, packing = builds  # the kernel to time, then the padded packing for its check
+    assert tv.param_specs(kernel)[1] == ((3, 24, 16), "float32")
+    assert "if_then_else" not in kernel.script() and "if_then_else" in packing.script()
