@@ -70,8 +70,12 @@ def load_suite(name: str) -> list[dict[str, Any]]:
         entries = data["workloads"] if isinstance(data, dict) else data
     out = []
     for i, e in enumerate(entries):
+        if "spec" not in e and isinstance(e.get("model"), dict):  # a relax task (bench/fused.py)
+            from .fused import spec_of
+
+            e = {**e, "spec": spec_of(e["model"])}
         if "spec" not in e:
-            raise SystemExit(f"suite entry {i} has no 'spec': {e}")
+            raise SystemExit(f"suite entry {i} has no 'spec' (nor a relax 'model'): {e}")
         out.append({"id": str(e.get("id", f"W{i + 1}")), "title": e.get("title"),
                     "peak": e.get("peak", "fp32"), "spec": dict(e["spec"]),
                     **({"model": e["model"]} if "model" in e else {})})

@@ -14,7 +14,9 @@ which are folded into the register tile's write-back (no pass over memory of the
   channel planes; NHWC: contiguous vector stores). Parallel over (batch, outer oc blocks, outer
   output rows). AVX2 has 16 registers, not 32, and a 16-channel block takes two of them: there
   the tile is narrower (`OW_TILE_NARROW`) and each register is a block of the packed kernel of
-  its own (16-lane vectors split by LLVM into ymm halves measured 1.4-1.7x slower).
+  its own (16-lane vectors split by LLVM into ymm halves measured 1.4-1.7x slower). O off the
+  16 grid (MobileNetV2's and EfficientNet's 24 and 40 channels) is padded with zero filters in
+  the packing, as `gemm-x86` pads N (`_pad_channels`), and the write-back is predicated.
 - depthwise_conv2d (NCHW): vectorized along the output width (contiguous in NCHW), an
   (oh x ow-vectors) accumulator tile, KH x KW unrolled, parallel over (batch, channel, rows).
 
@@ -43,6 +45,7 @@ from schedules.knobs import (
 )
 from schedules.match import NoMatch
 from schedules.match_conv import ConvMatch, DepthwiseMatch, match_conv, match_depthwise
+from tuner.prepack import PADDED_PREPROC, PREPROC
 from tuner.workloads import Workload
 
 BLOCK = 16  # output channels per block of the register tile (knob tile_oc): one zmm of fp32
@@ -50,13 +53,36 @@ UNROLL = Categorical((0, 16, 64, 512), probs=(0.1, 0.3, 0.3, 0.3),
                      doc="explicit unroll depth (meta_schedule.unroll_explicit)")
 
 
-def _pack_kernel(sch: Any, blk: Any, index: int, index_map: Callable[..., Any]) -> Any:
+def _pack_kernel(sch: Any, blk: Any, index: int, index_map: Callable[..., Any],
+                 padded: Any | None = None) -> Any:
     """Read buffer `index` of `blk` through a packed copy (layout `index_map`), marked as
-    layout-rewrite preprocessing (stripped from the timed kernel, weights given pre-packed)."""
+    layout-rewrite preprocessing (stripped from the timed kernel, weights given pre-packed).
+    `padded`: the block padding that buffer with zero output channels (`_pad_channels`), folded
+    into the packing, which is then no plain copy (marked for `tuner.prepack` instead)."""
     packed = sch.cache_read(blk, index, "global")
     sch.transform_layout(blk, ("read", index), index_map)
-    sch.annotate(packed, "meta_schedule.layout_rewrite_preproc", True)
+    if padded is None:
+        sch.annotate(packed, PREPROC, True)
+    else:
+        sch.compute_inline(padded)
+        sch.annotate(packed, PADDED_PREPROC, True)
+        sch.parallel(sch.get_loops(packed)[0])
     return packed
+
+
+def _pad_channels(sch: Any, conv: Any, o_axis: int, multiple: int) -> Any:
+    """The convolution's output channels padded to a `multiple` (`pad_einsum`, which takes only
+    an einsum: the data read through an im2col-like reindex, inlined back after), its kernel
+    padded with zero filters by a block of its own (returned) and its output written back to
+    the unpadded buffer by a copy that the epilogue folds in."""
+    window = sch.reindex(conv, ("read", 0))
+    factors = [1] * len(sch.get_loops(conv))
+    factors[o_axis] = multiple
+    sch.pad_einsum(conv, factors)
+    sch.compute_inline(window)
+    kernel = sch.get(conv).reads[1].source
+    return next(p for p in sch.get_producers(conv)
+                if sch.get(p).writes[0].source.same_as(kernel))
 
 
 def _matched(workload: Workload, depthwise: bool) -> ConvMatch | DepthwiseMatch | NoMatch:
@@ -86,11 +112,14 @@ class _Direct(StructuralTemplate):
         return None
 
     @staticmethod
-    def _fold_epilogue(sch: Any, m: ConvMatch | DepthwiseMatch) -> Any | None:
-        """The epilogue blocks folded into one (None without any), for `_write_back`."""
-        if not m.epilogue:
+    def _fold_epilogue(sch: Any, m: ConvMatch | DepthwiseMatch, *,
+                       padded: bool = False) -> Any | None:
+        """The epilogue blocks folded into one (None without any), for `_write_back`; `padded`:
+        with the copy of the padded output back to the unpadded one first."""
+        count = m.epilogue + padded
+        if not count:
             return None
-        return fold_epilogue(sch, list(sch.get_child_blocks(sch.get_sblock("root"))[-m.epilogue:]))
+        return fold_epilogue(sch, list(sch.get_child_blocks(sch.get_sblock("root"))[-count:]))
 
     @staticmethod
     def _write_back(sch: Any, acc: Any, at: Any, epilogue: Any | None) -> None:
@@ -148,14 +177,12 @@ class _Conv2dX86(_Direct):
     def _why_not(self, m: Any) -> str | None:
         if m.layout != self.layout:
             return f"a {m.layout} convolution, not {self.layout}"
-        if m.out[1] % BLOCK:
-            return f"O={m.out[1]} output channels are not a multiple of {BLOCK}"
         return None
 
     @staticmethod
     def _knobs(order_doc: str) -> Mapping[str, Knob]:
         return knob_table(
-            tile_oc=PerfectTile(3, max_innermost=2, of="O/16",
+            tile_oc=PerfectTile(3, max_innermost=2, of="O/16 (O padded to 16)",
                                 doc="output-channel blocks of 16 split into [parallel, "
                                     "in-task, ocv]; ocv blocks of accumulators per "
                                     "output column (a zmm each, two ymm on AVX2)"),
@@ -180,13 +207,17 @@ class _Conv2dX86(_Direct):
         m = _match(workload, False)
         nchw = self.layout == "NCHW"
         lanes = min(vector_lanes(target, 32), BLOCK)  # L: the packed kernel's block
-        epilogue = self._fold_epilogue(sch, m)
         conv = sch.get_sblock(m.block)
+        # O off the 16 grid: padded with zero filters, the write-back predicated
+        wpad = _pad_channels(sch, conv, 1 if nchw else 3, BLOCK) if m.out[1] % BLOCK else None
+        epilogue = self._fold_epilogue(sch, m, padded=wpad is not None)
         if nchw:
-            _pack_kernel(sch, conv, 1, lambda o, c, kh, kw: (o // lanes, c, kh, kw, o % lanes))
+            _pack_kernel(sch, conv, 1, lambda o, c, kh, kw: (o // lanes, c, kh, kw, o % lanes),
+                         wpad)
             n, o, oh, ow, rc, rh, rw = sch.get_loops(conv)
         else:
-            _pack_kernel(sch, conv, 1, lambda kh, kw, c, o: (o // lanes, kh, kw, c, o % lanes))
+            _pack_kernel(sch, conv, 1, lambda kh, kw, c, o: (o // lanes, kh, kw, c, o % lanes),
+                         wpad)
             n, oh, ow, o, rh, rw, rc = sch.get_loops(conv)
         ob, ol = sch.split(o, [None, BLOCK])
         ob0, ob1, ob2 = self.split(sch, "tile_oc", ob)

@@ -205,10 +205,10 @@ def test_applies_only_where_the_template_can_serve(target: Any) -> None:
     nhwc = w("conv2d", [1, 8, 8, 8, 32, 3, 3], layout="NHWC")
     assert TEMPLATES[NCHWC].applies(nchw, target) and not TEMPLATES[NCHWC].applies(nhwc, target)
     assert TEMPLATES[NHWC].applies(nhwc, target) and not TEMPLATES[NHWC].applies(nchw, target)
-    # output channels not a multiple of 16: the packed [O/16, ..., 16] layout cannot exist
-    for layout in ("NCHW", "NHWC"):
+    # output channels not a multiple of 16: padded with zero filters to whole blocks
+    for layout, tname in (("NCHW", NCHWC), ("NHWC", NHWC)):
         odd = w("conv2d", [1, 8, 8, 8, 24, 3, 3], layout=layout)
-        assert not any(TEMPLATES[t].applies(odd, target) for t in (NCHWC, NHWC, DW))
+        assert [t for t in (NCHWC, NHWC, DW) if TEMPLATES[t].applies(odd, target)] == [tname]
     # float16 is not what these fp32 micro-kernels compute
     assert not TEMPLATES[NCHWC].applies(w("conv2d", [1, 8, 8, 8, 32, 3, 3], dtype="float16"),
                                         target)

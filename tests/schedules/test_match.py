@@ -265,11 +265,26 @@ def test_what_the_conv_matcher_does_not_serve_says_why(func: Any, why: str) -> N
     assert isinstance(got, NoMatch) and why in got.reason, got
 
 
-def test_output_channels_off_the_16_grid_are_left_to_the_generated_space() -> None:
-    wl = tir(relax_tasks.conv2d(1, 8, 10, 24, 3, pad=1))
-    why = registry.TEMPLATES["conv2d-nchwc-x86"].why_not(wl, X86)
-    assert why == "O=24 output channels are not a multiple of 16", why
-    assert registry.resolve("default", wl, X86) == "auto"
+@pytest.mark.parametrize(("c", "hw", "o", "k", "kw"), [
+    (8, 10, 24, 3, {"pad": 1}),                              # bias + relu
+    (16, 14, 40, 3, {"pad": 1, "epilogue": "bn_res_relu"}),  # batch norm, a residual input
+    (8, 10, 24, 1, {"layout": "NHWC"}),
+    (32, 7, 20, 3, {"pad": 1, "stride": 2, "epilogue": "none"}),
+])
+def test_output_channels_off_the_16_grid_are_padded(c: int, hw: int, o: int, k: int,
+                                                     kw: dict[str, Any]) -> None:
+    """O off the grid: zero filters pad it to whole 16-channel blocks (in the kernel's
+    packing, split off as for the GEMM's padded weight), the write-back predicated."""
+    wl = tir(relax_tasks.conv2d(2 if o == 20 else 1, c, hw, o, k, **kw))
+    name = "conv2d-nhwc-x86" if kw.get("layout") == "NHWC" else "conv2d-nchwc-x86"
+    assert registry.resolve("default", wl, X86) == name
+    points = sample_points(registry.space_generator(name, wl, X86), wl, X86, n=1)
+    assert points
+    for sch in points:
+        marks = [sch.get(b).annotations for b in sch.get_child_blocks(sch.get_sblock("root"))]
+        assert sum(PADDED_PREPROC in a for a in marks) == 1
+        check_outputs(sch, wl, X86)
+        check_kernel(sch, wl)
 
 
 @pytest.mark.parametrize(("c", "hw", "o", "k", "stride", "pad", "epilogue", "layout"), [
