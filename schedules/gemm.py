@@ -45,11 +45,11 @@ from tuner.prepack import PADDED_PREPROC, PREPROC
 from tuner.workloads import Workload
 
 LANES = 16  # fp32 lanes of a zmm register
-# N off the grid, fewer rows than this: the generated space. Since the padded packing runs at
-# compile time (tuner/prepack.py), the template wins down to 4 rows (2-core Xeon, 64 trials:
-# 4×1000×768 274 GFLOPS against the generated space's 165, 16×1000×300 300 against 184), but
-# not for a GEMV-like 1×1000×768, whose one row is padded to 8 (46 µs against 24)
-MIN_ROWS_PADDED_N = 4
+# fewer rows than this: the generated space. A GEMV-like GEMM pads its rows to a micro-kernel's
+# 8 (2-core Xeon, 64 trials, the template against the generated space: 1×1024×768 35 µs against
+# 14, 2×1024×768 35 against 18, 4×1024×768 21 against 26; with N off the grid, 1×1000×768 46
+# against 24, 4×1000×768 274 GFLOPS against 165, 16×1000×300 300 against 184)
+MIN_ROWS = 4
 # activations in an epilogue computed by a polynomial intrinsic (schedules/intrinsics.py) rather
 # than one libm call per lane: relax's GELU 128×768→3072 went from 5.9 to 2.7 ms, its tanh form
 # 64×256→1024 from 351 to 150 µs (Zen 4, 64 trials). Sigmoid (SiLU) measured no faster on a Zen 4
@@ -89,10 +89,9 @@ class GemmX86(StructuralTemplate):
         if not is_x86(target):
             return "not an x86 LLVM target"
         rows = g.m * g.batch_size if g.shared_weight else g.m
-        if g.n % LANES and rows < MIN_ROWS_PADDED_N:
-            return (f"N={g.n} is off the {LANES}-lane grid and M={rows} < {MIN_ROWS_PADDED_N}: "
-                    "a row padded to a micro-kernel's 8 costs more than the generated space "
-                    "loses")
+        if rows < MIN_ROWS:
+            return (f"M={rows} < {MIN_ROWS} rows (a GEMV-like GEMM): padded to a micro-kernel's "
+                    "8 rows it is slower than the generated space's kernels")
         return None
 
     def knob_extents(self, workload: Workload) -> dict[str, int]:
