@@ -50,7 +50,7 @@ from __future__ import annotations
 from abc import abstractmethod
 from typing import Any
 
-from schedules.base import Template, finish_register_tile
+from schedules.base import Template, finish_register_tile, pack_weight
 from schedules.intrinsics import USDOT_LOCAL_INTRIN, use
 from schedules.knobs import Categorical, PerfectTile, knob_table
 from tuner.workloads import Workload
@@ -72,13 +72,6 @@ def has_feature(target: Any, feature: str) -> bool:
     return bool(tvm_ffi.get_global_func("target.llvm_cpu_has_feature")(feature, target))
 
 
-def _pack_weight(sch: Any, blk: Any, index_map: Any) -> None:
-    """Read the weight (read buffer 1) through a packed copy in a layout-rewrite block."""
-    packed = sch.cache_read(blk, 1, "global")
-    sch.transform_layout(blk, ("read", 1), index_map)
-    sch.annotate(packed, "meta_schedule.layout_rewrite_preproc", True)
-
-
 class _NeonGemm(Template):
     """The register-blocked micro-kernel both AArch64 templates share: the weight packed (by the
     template's `_pack`), then M into [parallel, middle, mr], N/4 into [parallel, middle, nv], the
@@ -86,7 +79,7 @@ class _NeonGemm(Template):
 
     @abstractmethod
     def _pack(self, sch: Any, blk: Any, workload: Workload) -> None:
-        """Read the weight of `blk` through its packed copy (`_pack_weight`)."""
+        """Read the weight of `blk` through its packed copy (`pack_weight`)."""
 
     def _sample_unroll(self, sch: Any) -> None:
         sch.annotate(sch.get_sblock("root"), "meta_schedule.unroll_explicit",
@@ -141,9 +134,9 @@ class DenseNeonAarch64(_NeonGemm):
 
     def _pack(self, sch: Any, blk: Any, workload: Workload) -> None:
         if workload.op == "matmul":  # B[K, N]
-            _pack_weight(sch, blk, lambda k, j: (j // LANES, k, j % LANES))
+            pack_weight(sch, blk, 1, lambda k, j: (j // LANES, k, j % LANES))
         else:  # W[N, K]
-            _pack_weight(sch, blk, lambda j, k: (j // LANES, k, j % LANES))
+            pack_weight(sch, blk, 1, lambda j, k: (j // LANES, k, j % LANES))
 
     def schedule(self, sch: Any, workload: Workload, target: Any) -> None:
         self._micro_kernel(sch, workload, dot=False)
@@ -173,7 +166,7 @@ class DenseInt8SdotAarch64(_NeonGemm):
                 and n % LANES == 0 and k % DOT_K == 0)
 
     def _pack(self, sch: Any, blk: Any, workload: Workload) -> None:
-        _pack_weight(sch, blk, lambda j, k: (j // LANES, k // DOT_K, j % LANES, k % DOT_K))
+        pack_weight(sch, blk, 1, lambda j, k: (j // LANES, k // DOT_K, j % LANES, k % DOT_K))
 
     def schedule(self, sch: Any, workload: Workload, target: Any) -> None:
         # the 4x4 dot product (j4, k4) tensorized with usdot; without this step the same loop

@@ -28,6 +28,7 @@ from schedules.knobs import (
     knob_table,
     uniform,
 )
+from tuner.prepack import PADDED_PREPROC, PREPROC
 from tuner.tvm_api import ms
 from tuner.workloads import Workload
 
@@ -63,6 +64,32 @@ def vector_lanes(target: Any, dtype_bits: int = 32) -> int:
     else:
         width = 128
     return width // dtype_bits
+
+
+def pack_weight(sch: Any, blk: Any, index: int, index_map: Any,
+                padded: Any | None = None) -> Any:
+    """Read buffer `index` of `blk` (a layout-free weight) through a packed copy in the layout
+    `index_map`, marked as layout-rewrite preprocessing: paid once at compile time, the timed
+    kernel takes the weight packed. `padded`: the block padding that weight with zeros
+    (`padding_of`), folded into the packing, which is then no plain copy: TVM's
+    RemoveWeightLayoutRewriteBlock (inside MetaSchedule's search) takes only those, relax's
+    split takes it, so it is marked for tunefarm's split (`tuner.prepack`), and runs in parallel
+    over its outer loop where it stays in the kernel (a pipeline without that split)."""
+    packed = sch.cache_read(blk, index, "global")
+    sch.transform_layout(blk, ("read", index), index_map)
+    if padded is None:
+        sch.annotate(packed, PREPROC, True)
+    else:
+        sch.compute_inline(padded)
+        sch.annotate(packed, PADDED_PREPROC, True)
+        sch.parallel(sch.get_loops(packed)[0])
+    return packed
+
+
+def padding_of(sch: Any, blk: Any, index: int) -> Any:
+    """The block writing read buffer `index` of `blk`: after `pad_einsum`, the one padding it."""
+    buf = sch.get(blk).reads[index].source
+    return next(p for p in sch.get_producers(blk) if sch.get(p).writes[0].source.same_as(buf))
 
 
 def fold_epilogue(sch: Any, blocks: list[Any]) -> Any | None:

@@ -31,10 +31,17 @@ instructions, but `transform_layout` replays with the index map recorded at gene
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
-from schedules.base import StructuralTemplate, fold_epilogue, is_x86, vector_lanes
+from schedules.base import (
+    StructuralTemplate,
+    fold_epilogue,
+    is_x86,
+    pack_weight,
+    padding_of,
+    vector_lanes,
+)
 from schedules.knobs import (
     Categorical,
     DesignSpace,
@@ -45,29 +52,11 @@ from schedules.knobs import (
 )
 from schedules.match import NoMatch
 from schedules.match_conv import ConvMatch, DepthwiseMatch, match_conv, match_depthwise
-from tuner.prepack import PADDED_PREPROC, PREPROC
 from tuner.workloads import Workload
 
 BLOCK = 16  # output channels per block of the register tile (knob tile_oc): one zmm of fp32
 UNROLL = Categorical((0, 16, 64, 512), probs=(0.1, 0.3, 0.3, 0.3),
                      doc="explicit unroll depth (meta_schedule.unroll_explicit)")
-
-
-def _pack_kernel(sch: Any, blk: Any, index: int, index_map: Callable[..., Any],
-                 padded: Any | None = None) -> Any:
-    """Read buffer `index` of `blk` through a packed copy (layout `index_map`), marked as
-    layout-rewrite preprocessing (stripped from the timed kernel, weights given pre-packed).
-    `padded`: the block padding that buffer with zero output channels (`_pad_channels`), folded
-    into the packing, which is then no plain copy (marked for `tuner.prepack` instead)."""
-    packed = sch.cache_read(blk, index, "global")
-    sch.transform_layout(blk, ("read", index), index_map)
-    if padded is None:
-        sch.annotate(packed, PREPROC, True)
-    else:
-        sch.compute_inline(padded)
-        sch.annotate(packed, PADDED_PREPROC, True)
-        sch.parallel(sch.get_loops(packed)[0])
-    return packed
 
 
 def _pad_channels(sch: Any, conv: Any, o_axis: int, multiple: int) -> Any:
@@ -80,9 +69,7 @@ def _pad_channels(sch: Any, conv: Any, o_axis: int, multiple: int) -> Any:
     factors[o_axis] = multiple
     sch.pad_einsum(conv, factors)
     sch.compute_inline(window)
-    kernel = sch.get(conv).reads[1].source
-    return next(p for p in sch.get_producers(conv)
-                if sch.get(p).writes[0].source.same_as(kernel))
+    return padding_of(sch, conv, 1)
 
 
 def _matched(workload: Workload, depthwise: bool) -> ConvMatch | DepthwiseMatch | NoMatch:
@@ -212,11 +199,11 @@ class _Conv2dX86(_Direct):
         wpad = _pad_channels(sch, conv, 1 if nchw else 3, BLOCK) if m.out[1] % BLOCK else None
         epilogue = self._fold_epilogue(sch, m, padded=wpad is not None)
         if nchw:
-            _pack_kernel(sch, conv, 1, lambda o, c, kh, kw: (o // lanes, c, kh, kw, o % lanes),
+            pack_weight(sch, conv, 1, lambda o, c, kh, kw: (o // lanes, c, kh, kw, o % lanes),
                          wpad)
             n, o, oh, ow, rc, rh, rw = sch.get_loops(conv)
         else:
-            _pack_kernel(sch, conv, 1, lambda kh, kw, c, o: (o // lanes, kh, kw, c, o % lanes),
+            pack_weight(sch, conv, 1, lambda kh, kw, c, o: (o // lanes, kh, kw, c, o % lanes),
                          wpad)
             n, oh, ow, o, rh, rw, rc = sch.get_loops(conv)
         ob, ol = sch.split(o, [None, BLOCK])

@@ -36,12 +36,18 @@ from __future__ import annotations
 
 from typing import Any
 
-from schedules.base import StructuralTemplate, finish_register_tile, fold_epilogue, is_x86
+from schedules.base import (
+    StructuralTemplate,
+    finish_register_tile,
+    fold_epilogue,
+    is_x86,
+    pack_weight,
+    padding_of,
+)
 from schedules.intrinsics import ACTIVATION_F32, use
 from schedules.knobs import Categorical, DesignSpace, PerfectTile, divides, knob_table
 from schedules.match import GemmMatch, match_gemm
 from schedules.match_rows import activation_of
-from tuner.prepack import PADDED_PREPROC, PREPROC
 from tuner.workloads import Workload
 
 LANES = 16  # fp32 lanes of a zmm register
@@ -112,20 +118,8 @@ class GemmX86(StructuralTemplate):
         if (pm, pn) != (1, 1):  # off the grid: padded to it (zero rows of x, columns of w)
             sch.pad_einsum(blk, [1] * g.batch + [pm, pn, 1])
             if pn > 1:  # the padded weight: folded into the packing below
-                wbuf = sch.get(blk).reads[g.weight].source
-                wpad = next(p for p in sch.get_producers(blk)
-                            if sch.get(p).writes[0].source.same_as(wbuf))
-        packed = sch.cache_read(blk, g.weight, "global")
-        sch.transform_layout(blk, ("read", g.weight), _panels(g.weight_axes))
-        if wpad is None:
-            sch.annotate(packed, PREPROC, True)
-        else:  # the zero columns written by the packing itself, which is then no plain copy:
-            # TVM's RemoveWeightLayoutRewriteBlock (inside MetaSchedule's search) takes only
-            # those, relax's split takes it; marked for tunefarm's split (tuner/prepack.py), and
-            # in parallel over K rows where it runs in the kernel (a pipeline without that split)
-            sch.compute_inline(wpad)
-            sch.annotate(packed, PADDED_PREPROC, True)
-            sch.parallel(sch.get_loops(packed)[0])
+                wpad = padding_of(sch, blk, g.weight)
+        pack_weight(sch, blk, g.weight, _panels(g.weight_axes), wpad)
         sch.annotate(root, "meta_schedule.unroll_explicit", self.sample(sch, "unroll"))
         # the blocks looked up again (the packing block came first): stored traces of op specs
         # have these two instructions here
