@@ -8,6 +8,7 @@ are worked around (the ffi pin: `check_pins`; the broken VNNI intrinsic: `schedu
 
 from __future__ import annotations
 
+import functools
 import importlib.metadata
 import json
 import logging
@@ -120,11 +121,45 @@ def load_json(text: str) -> Any:
 
 def host_target_dict(num_cores: int | None = None) -> dict[str, Any]:
     """This CPU as an explicit target. Never `mcpu: native`: LLVM 22 silently falls back to generic
-    code (no AVX-512) for it."""
+    code (no AVX-512) for it. Where the CPU's model implies features this machine does not offer
+    (a virtual machine that hides AVX-512 from a Zen 4), `mattr` turns them off: code built for the
+    bare `mcpu` would die of SIGILL here."""
     from .config import physical_cores
 
-    cpu = str(tvm_ffi.get_global_func("tvm.codegen.llvm.GetHostCPUName")())
-    return {"kind": "llvm", "mcpu": cpu, "num-cores": int(num_cores or physical_cores())}
+    cpu, mattr = _host_cpu()
+    spec: dict[str, Any] = {"kind": "llvm", "mcpu": cpu}
+    if mattr:
+        spec["mattr"] = list(mattr)
+    spec["num-cores"] = int(num_cores or physical_cores())
+    return spec
+
+
+@functools.cache
+def _host_cpu() -> tuple[str, tuple[str, ...]]:
+    """LLVM's name of this CPU, and the fewest `-feature`s that take from that CPU model what this
+    machine lacks (CPUID's view: `GetHostCPUFeatures`). Turning off `avx512f` turns off every
+    AVX-512 extension with it, so the cover is usually one or two entries plus odd system ones."""
+    g = tvm_ffi.get_global_func
+    cpu = str(g("tvm.codegen.llvm.GetHostCPUName")())
+    host = {str(k): bool(v) for k, v in g("tvm.codegen.llvm.GetHostCPUFeatures")().items()}
+    if not host:
+        return cpu, ()
+    has = g("target.llvm_cpu_has_feature")
+
+    def enabled(mattr: list[str]) -> set[str]:
+        t = tvm.target.Target({"kind": "llvm", "mcpu": cpu, "mattr": mattr})
+        return {f for f, on in host.items() if not on and bool(has(f, t))}
+
+    missing = enabled([])
+    off: list[str] = []
+    while missing:  # greedy cover: the feature whose removal takes the most missing ones with it
+        best = max(sorted(missing), key=lambda f: len(missing - enabled([*off, "-" + f])))
+        off.append("-" + best)
+        left = enabled(off)
+        if left >= missing:  # LLVM would not turn it off: stop rather than loop
+            break
+        missing = left
+    return cpu, tuple(off)
 
 
 def _plain(o: Any) -> Any:
@@ -179,7 +214,10 @@ def make_target(spec: str | dict[str, Any]) -> Any:
     spec = dict(spec)
     if (spec.get("kind") == "llvm" and spec.get("mcpu") in (None, "native", "host")
             and (spec.get("mcpu") is not None or "mtriple" not in spec)):
-        spec["mcpu"] = host_target_dict()["mcpu"]
+        here = host_target_dict()
+        spec["mcpu"] = here["mcpu"]
+        if here.get("mattr"):  # what this CPU lacks, then what the caller asked for
+            spec["mattr"] = [*here["mattr"], *spec.get("mattr", [])]
     if spec.get("kind") == "llvm" and "mcpu" in spec:
         triple = (spec.get("mtriple")
                   or str(tvm_ffi.get_global_func("target.llvm_get_system_triple")()))

@@ -16,6 +16,19 @@ def test_host_is_an_explicit_cpu_with_cores() -> None:
     assert d["num-cores"] >= 1
 
 
+def test_host_target_offers_only_what_this_cpu_has() -> None:
+    """A VM may report a Zen 4 yet hide its AVX-512 (CPUID): code built for the bare `znver4`
+    would die of SIGILL. Every feature the host target enables, this machine has."""
+    g = tv.tvm_ffi.get_global_func
+    lacks = [str(f) for f, on in g("tvm.codegen.llvm.GetHostCPUFeatures")().items() if not on]
+    has = g("target.llvm_cpu_has_feature")
+    native = tv.make_target({"kind": "llvm", "mcpu": "native", "mattr": ["+sse2"]})
+    for target in (tv.make_target("host"), native):
+        assert [f for f in lacks if has(f, target)] == []
+    assert "+sse2" in tv.target_to_dict(native)["mattr"]  # the caller's own mattr is kept
+    assert len(tv.host_target_dict().get("mattr", [])) <= 8  # a cover, not a list of all
+
+
 def test_canonical_json_is_order_independent() -> None:
     a = tv.make_target({"kind": "llvm", "mcpu": "znver4", "num-cores": 2})
     b = tv.make_target(json.dumps({"num-cores": 2, "mcpu": "znver4", "kind": "llvm"}))
