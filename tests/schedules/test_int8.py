@@ -107,6 +107,35 @@ def test_kernel_uses_vpdpbusd_on_packed_weight() -> None:
     assert tv.structural_equal(replayed.mod, sch.mod)
 
 
+@pytest.mark.parametrize(("tname", "spec"), [("dense-int8-vnni", TARGET),
+                                           ("dense-int8-avx2", AVX2_X86)])
+def test_zeroing_is_rows_by_columns_and_the_register_tile_unrolled(tname: str,
+                                                                   spec: dict) -> None:
+    """The accumulators' zeroing, split off above the k loop with copies of the cache block's
+    loops, is one loop over rows around one over columns (then the vector), none unrolled: with
+    the register tile's unrolled copies in it, LLVM took seconds to compile it
+    (`FinishCacheBlock`). The update's register tile (rows x vectors) is unrolled, and the trace
+    replays to the same program without the postproc."""
+    serial, parallel, vectorized, unrolled = 0, 1, 2, 3  # tirx.ForKind
+    w = workload(128, 256, 64)
+    for sch in sample(w, 6, 7, tname, spec):
+        rows, vectors = (d[2][-1] for d in tv.trace_decisions(sch.trace)[:2])
+        init = [(int(sch.get(lp).extent), int(sch.get(lp).kind))
+                for lp in sch.get_loops(sch.get_sblock("T_matmul_NT_o_init"))]
+        # the parallel tiles (j0 stays a serial loop when i0 alone is parallel), rows, columns
+        assert [k for _, k in init] in ([parallel, serial, serial],
+                                        [parallel, serial, serial, serial]), init
+        assert [int(sch.get(lp).kind) for lp in sch.get_loops(sch.get_sblock(
+            "T_matmul_NT_init"))] == [vectorized]
+        update = [(int(sch.get(lp).extent), int(sch.get(lp).kind))
+                  for lp in sch.get_loops(sch.get_sblock("T_matmul_NT_o_update"))]
+        assert update[-2:] == [(rows, unrolled), (vectors, unrolled)], update
+        assert unrolled not in [k for _, k in update[:-2]]
+        assert int8.LOOP_ROLE not in sch.mod.script()
+        replayed = tv.apply_trace(w.mod(), tv.trace_to_json(sch.trace))
+        assert tv.structural_equal(replayed.mod, sch.mod)
+
+
 def unpacked_vnni(w):
     """The trap: the same micro-kernel tensorized on the plain [N, K] weight. `tensorize` accepts
     it (it does not check that the 16x4 tile is contiguous), it compiles, and it reads 64
