@@ -36,8 +36,10 @@ Loop nest (the micro-kernel keeps rows x accumulators zmm registers live across 
                 vpdpbusd (16 lanes x 4 k)
 
 Reduction decomposition, tensorization and the init's vectorization are done by the
-postprocessors (RewriteReductionBlock, RewriteTensorize) after parallel/unroll are applied, the
-order TVM requires. Sampled micro-kernels that would spill (rows x vectors accumulators + one
+postprocessors (RewriteReductionBlock, RewriteTensorize) after parallel is applied, the order TVM
+requires. The init (the zeroing of a whole i1 x j1 cache block, above k0) gets copies of the
+block's loops; FinishCacheBlock then makes it rows x columns and unrolls i2, j2 in the update
+only. Sampled micro-kernels that would spill (rows x vectors accumulators + one
 weight tile per vector > 32 zmm) are rejected by the RegisterBudget postprocessor.
 
 Measured for 128x768x768 (shared 2-core Zen 5, rough): a 32-trial search found 77.9 us (1.94
