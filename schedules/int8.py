@@ -148,15 +148,15 @@ class FinishCacheBlock(ms.postproc.PyPostproc):
                      for loop in sch.get_loops(block) if LOOP_ROLE in sch.get(loop).annotations}
             for loop in roles.values():
                 sch.unannotate(loop, LOOP_ROLE)
-            if sch.get(block).name_hint.endswith("_init") and len(roles) == 4:
+            if not sch.get(block).name_hint.endswith("_init"):
+                for role, loop in roles.items():
+                    if role.endswith("_unrolled"):
+                        sch.unroll(loop)
+            elif len(roles) == 4:
                 sch.reorder(roles["rows"], roles["rows_unrolled"], roles["cols"],
                             roles["cols_unrolled"])
                 sch.fuse(roles["rows"], roles["rows_unrolled"])
                 sch.fuse(roles["cols"], roles["cols_unrolled"])
-            elif not sch.get(block).name_hint.endswith("_init"):
-                for role, loop in roles.items():
-                    if role.endswith("_unrolled"):
-                        sch.unroll(loop)
         return True
 
     def clone(self) -> Any:
