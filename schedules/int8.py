@@ -49,6 +49,7 @@ core ~175 us (~80% of the VNNI peak), the same as torch._int_mm timed in the sam
 
 from __future__ import annotations
 
+import functools
 from abc import abstractmethod
 from typing import Any
 
@@ -68,7 +69,11 @@ from tuner.workloads import Workload
 MAX_ROWS = 8  # rows of the micro-kernel
 MAX_VECS = 8  # vector accumulators per row (16 lanes with VNNI, 8 with AVX2)
 PARALLEL = (2, 4, 8, 16, 64, 256)  # max extent of the fused parallel loop (2 cores)
-UNROLL = (0, 16, 64, 512)  # pragma_auto_unroll_max_step on the outer loops
+# pragma_auto_unroll_max_step on the outer loops. Not MetaSchedule's 512 as well: F22 (relax's int8
+# linear 128x768->768 + requantize, 2-core Xeon with VNNI, 64 trials, two seeds) built those 2.4x
+# slower (0.44-0.48 s against 0.18-0.26), the search drew them for 25-29 of 64 trials, and none was
+# the fastest (best 122.9 and 125.3 us against 121.4 and 118.8): the job took 31 s, 26 without
+UNROLL = (0, 16, 64)
 ORDERS = ("ij", "ji")  # order of the cache-block loops; one design space each
 
 
@@ -122,6 +127,20 @@ class RegisterBudget(ms.postproc.PyPostproc):
         return RegisterBudget(self.registers)
 
 
+class _Unchecked:
+    """A schedule whose methods skip TVM's Python type check (`type_checked`: about 0.1 ms a call,
+    inspect.signature binding). A postproc runs on every candidate the evolutionary search
+    samples: FinishCacheBlock's ~50 checked calls made each of F22's proposals 0.9 s slower
+    (2-core Xeon, 4 proposals: 8.0 -> 11.7 s)."""
+
+    def __init__(self, sch: Any) -> None:
+        self._sch = sch
+
+    def __getattr__(self, name: str) -> Any:
+        method = getattr(type(self._sch), name)
+        return functools.partial(getattr(method, "__wrapped__", method), self._sch)
+
+
 LOOP_ROLE = "tunefarm.cache_block_loop"  # rows, rows_unrolled, cols, cols_unrolled
 
 
@@ -140,6 +159,7 @@ class FinishCacheBlock(ms.postproc.PyPostproc):
         pass
 
     def apply(self, sch: Any) -> bool:
+        sch = _Unchecked(sch)
         blocks = list(sch.get_child_blocks(sch.get_sblock("root")))
         while blocks:
             block = blocks.pop()
