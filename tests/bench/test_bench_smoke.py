@@ -50,8 +50,10 @@ def test_bench_runs_a_tiny_suite_and_reports_every_column(tmp_path: Path) -> Non
         assert t["wall_s"] > 0 and t["trials_done"] == 2 and t["valid"] >= 1
 
     # every table column has its value in the JSON
-    assert doc["columns"][0] == "workload" and len(doc["columns"]) == 9
+    assert doc["columns"][0] == "workload" and len(doc["columns"]) == 10
     assert w["pct_of_peak"] == pytest.approx(100 * v["tunefarm"]["gflops"] / 529.0)
+    assert w["pct_of_peak_best_round"] == pytest.approx(
+        100 * w["flops"] / min(v["tunefarm"]["rounds_s"]) / 1e9 / 529.0)
     assert w["ratios"]["tunefarm/metaschedule"] == pytest.approx(
         v["tunefarm"]["median_s"] / v["metaschedule"]["median_s"])
     assert "tunefarm/pytorch" in w["ratios"] and w["ratios"]["tunefarm/pytorch"] is None
