@@ -137,7 +137,9 @@ class _Unchecked:
         self._sch = sch
 
     def __getattr__(self, name: str) -> Any:
-        method = getattr(type(self._sch), name)
+        method = getattr(type(self._sch), name, None)
+        if not callable(method):  # a property (mod, trace, ...) or an instance attribute
+            return getattr(self._sch, name)
         return functools.partial(getattr(method, "__wrapped__", method), self._sch)
 
 
