@@ -26,7 +26,7 @@ _KEYS = frozenset({"cpu", "arm_cpu", "cuda", "gpu"})
 _MCPU = re.compile(r"[a-z0-9][a-z0-9_.+-]{0,63}")
 # x86-64 and AArch64 Linux/Android triples: x86_64-linux-gnu, aarch64-unknown-linux-gnu, ...
 _TRIPLE = re.compile(r"(x86_64|aarch64|arm64)(-[a-z0-9_.]{1,24}){1,3}")
-_MATTR = re.compile(r"[+-][a-z0-9][a-z0-9_.]{0,31}")
+_MATTR = re.compile(r"[+-][a-z0-9][a-z0-9_.-]{0,31}")  # LLVM names: amx-tile, avx512vl, v8.2a
 _ARCH = re.compile(r"sm_[0-9]{2,3}[a-z]?")
 _FEATURE = re.compile(r"feature\.[a-z0-9_]{1,32}")
 MAX_MATTRS = 32

@@ -7,6 +7,7 @@ import pytest
 from tests.support.targets import HOST_AVX512
 from tuner import tvm_api as tv
 from tuner.errors import TargetError
+from tuner.targets import check_target
 
 
 def test_host_is_an_explicit_cpu_with_cores() -> None:
@@ -26,7 +27,23 @@ def test_host_target_offers_only_what_this_cpu_has() -> None:
     for target in (tv.make_target("host"), native):
         assert [f for f in lacks if has(f, target)] == []
     assert "+sse2" in tv.target_to_dict(native)["mattr"]  # the caller's own mattr is kept
-    assert len(tv.host_target_dict().get("mattr", [])) <= 8  # a cover, not a list of all
+    # a cover, not a list of all: no entry can go without enabling something this CPU lacks
+    host = tv.host_target_dict()
+    cover = host.get("mattr", [])
+    for n in range(len(cover)):
+        fewer = tv.make_target({**host, "mattr": cover[:n] + cover[n + 1:]})
+        assert [f for f in lacks if has(f, fewer)] != [], cover[n]
+
+
+def test_host_target_passes_the_services_target_check() -> None:
+    """What `host` resolves to is what workers register and jobs carry: the API's allowlist must
+    take it. An Emerald Rapids VM without AMX turns off `amx-tile` (a hyphen in the name)."""
+    check_target(tv.host_target_dict())
+    check_target({"kind": "llvm", "mcpu": "emeraldrapids", "num-cores": 2,
+                  "mattr": ["-amx-tile", "-avx512fp16", "+avx512vl"]})
+    for bad in ("amx-tile", "-amx,tile", "-", "--x", "+AVX"):
+        with pytest.raises(TargetError, match="is not a feature"):
+            check_target({"kind": "llvm", "mcpu": "znver4", "mattr": [bad]})
 
 
 def test_canonical_json_is_order_independent() -> None:
