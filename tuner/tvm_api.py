@@ -159,6 +159,11 @@ def _host_cpu() -> tuple[str, tuple[str, ...]]:
         if left >= missing:  # LLVM would not turn it off: stop rather than loop
             break
         missing = left
+    still_on = enabled(off)  # empty, unless LLVM would not turn something off
+    for entry in list(off):  # a greedy cover may hold an entry that later ones made redundant
+        rest = [o for o in off if o != entry]
+        if enabled(rest) <= still_on:
+            off = rest
     return cpu, tuple(off)
 
 
