@@ -89,6 +89,7 @@ __all__ = [
 ]
 
 
+@functools.cache
 def tvm_version() -> str:
     return f"tvm={tvm.__version__};ffi={importlib.metadata.version('apache-tvm-ffi')}"
 
