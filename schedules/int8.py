@@ -219,7 +219,7 @@ class _DenseInt8(StructuralTemplate):
     ops = ("dense_int8", "tir")
     tensorize = True  # RewriteTensorize tensorizes the blockized update, vectorizes the init
     # half the default population: side by side, the best kernels of 64 trials were as fast
-    # as at 128 (F22, P7, two seeds each), and the job ~12% shorter (bench/RESULTS.md, Run AS)
+    # as at 128 (F22, P7, two seeds each), and the job 8–12% shorter (bench/RESULTS.md, Run AS)
     population_size = 64
     lanes: int
     group: int
