@@ -9,6 +9,7 @@ import hashlib
 import math
 import os
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -121,10 +122,14 @@ def time_kernel(rt: Any, args: list[Any], opts: Any, dev: Any) -> tuple[float, .
 
     What pruning saves, measured on a 2-core Zen 4: a candidate costs ~260 ms to time with 5
     repeats of 40 ms, ~90 ms with one; in the fused suite's F5, F10 and F22 (templates, 64
-    trials) 3, 4 and 8 candidates were more than 1.5x slower than the best known then. Why the
-    second limit is tighter, from 157 candidates timed 5 times on a Zen 5: the first repeat read
-    more than 10% above the candidate's median 6 times (a cold first repeat), the faster of the
-    first two only once."""
+    trials) 3, 4 and 8 candidates were more than 1.5x slower than the best known then. The
+    default limits (1.2, then 1.05: `tuner.config.Settings`) come from nine fused-suite jobs on a
+    2-core Zen 4, 527 candidates timed 5 times each. A first repeat read more than 20% above its
+    candidate's median 7 times (a cold start), the faster of the first two more than 5% above it
+    9 times: the second limit can be the tighter. Replayed (`python -m bench.racing`) under
+    (1.2, 1.05) the jobs took 9% fewer repeats than under (1.5, 1.1), the same best kernel in
+    each, and 2 candidates within 1% of the best of their time were cut short; (1.1, 1.03) took
+    20% fewer, and cut 4 such. Noisier machines start colder: not tighter than 1.05."""
     if opts.cache_flush:
         # number=1 so every timed run starts with cold caches (TVM flushes all args but the first)
         kw: dict[str, Any] = {"number": 1, "f_preproc": "cache_flush_cpu_non_first_arg"}
@@ -136,12 +141,21 @@ def time_kernel(rt: Any, args: list[Any], opts: Any, dev: Any) -> tuple[float, .
         ev = rt.time_evaluator("main", dev, repeat=repeats, **kw)
         return tuple(float(x) for x in ev(*args).results)
 
-    repeats = max(opts.repeats, 1)
-    limits = prune_limits(opts)
     # past the limits, repeats are timed in as few calls as still let `cannot_win` end the timing,
     # and only where a repeat is many calls: every time_evaluator call runs the kernel once more,
     # untimed, first
-    stepwise = bool(limits) and kw["number"] > 1
+    return race(timed, opts, stepwise=kw["number"] > 1)
+
+
+def race(timed: Callable[[int], tuple[float, ...]], opts: Any, *,
+         stepwise: bool = True) -> tuple[float, ...]:
+    """The samples `time_kernel` takes of a kernel: `timed(n)` times n more repeats; the race
+    against `opts.verify_below_s` (the job's best) decides how many in all (`bench.racing`
+    replays it on recorded samples). `stepwise`: past the limits, time only as many at once as
+    `cannot_win` needs to end the race (else all that are left)."""
+    repeats = max(opts.repeats, 1)
+    limits = prune_limits(opts)
+    stepwise = stepwise and bool(limits)
     samples: tuple[float, ...] = ()
     while len(samples) < repeats:
         i = len(samples)

@@ -1,0 +1,100 @@
+"""Racing limits replayed on recorded samples: `python -m bench.racing DIR [--limits P,C ...]`.
+
+A candidate races the job's best (`workers.evaluate.race`): past `TUNEFARM_PRUNE_FACTOR` times
+the best after its first repeat, or `TUNEFARM_CONFIRM_FACTOR` after its second, it is timed no
+more. Whether a pair of limits saves time without losing a job's best kernel is a question about
+samples, not about the machine of the day: tune with both limits off, so that every candidate
+gets all its repeats,
+
+    TUNEFARM_PRUNE_FACTOR=0 TUNEFARM_CONFIRM_FACTOR=0 \\
+        python -m bench --suite fused --only F1,F11,F22 --skip-ms --no-torch --out DIR
+
+then replay each job's candidates in their order under each pair: how many repeats the race
+takes, which candidate ends as the job's best (against the best with every repeat timed), and
+how many a limit cut short while their median (of all repeats) was within 1% of the best of
+their time (a near miss; below it, they would have been the new best).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sqlite3
+import statistics
+from pathlib import Path
+from types import SimpleNamespace
+
+from workers.evaluate import prune_limits, race
+
+
+def load_jobs(out: Path) -> dict[str, list[tuple[float, ...]]]:
+    """{workload id: its valid candidates' samples, in the order they were measured}."""
+    jobs = {}
+    for db in sorted(out.glob("*/tunefarm.db")):
+        with sqlite3.connect(db) as conn:
+            rows = conn.execute("SELECT latencies_json FROM records WHERE invalidity = 'ok' "
+                                "ORDER BY id").fetchall()
+        jobs[db.parent.name] = [tuple(json.loads(r[0])) for r in rows]
+    return jobs
+
+
+def replay(samples: list[tuple[float, ...]], prune: float, confirm: float,
+           repeats: int) -> dict[str, int | None]:
+    """One job under (prune, confirm): repeats taken, the index of its best candidate, near
+    misses."""
+    best: float | None = None
+    best_at: int | None = None
+    taken_total = near = 0
+    for i, full in enumerate(samples):
+        opts = SimpleNamespace(repeats=repeats, verify_below_s=best, prune_factor=prune,
+                               confirm_factor=confirm)
+        left = list(full)
+
+        def timed(n: int, left: list[float] = left) -> tuple[float, ...]:
+            got, left[:] = left[:n], left[n:]
+            return tuple(got)
+
+        limits = prune_limits(opts)
+        taken = race(timed, opts)
+        taken_total += len(taken)
+        k = len(taken)
+        cut = k <= len(limits) and k < repeats and min(taken) > (limits[k - 1] or float("inf"))
+        if best is not None and cut and statistics.median(full) < 1.01 * best:
+            near += 1
+        median = statistics.median(taken)
+        if best is None or median < best:
+            best, best_at = median, i
+    return {"repeats": taken_total, "best": best_at, "near_misses": near}
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("out", type=Path, help="a bench output directory (tuned with both limits 0)")
+    p.add_argument("--limits", nargs="+", default=["1.5,1.1", "1.2,1.05", "1.1,1.03"],
+                   help="prune,confirm pairs to replay")
+    p.add_argument("--repeats", type=int, default=5, help="repeats per candidate (5)")
+    args = p.parse_args()
+    jobs = load_jobs(args.out)
+    for name, samples in jobs.items():
+        short = sum(len(s) < args.repeats for s in samples)
+        if short:
+            raise SystemExit(f"{name}: {short} candidates have fewer than {args.repeats} samples "
+                             "(tune with TUNEFARM_PRUNE_FACTOR=0 TUNEFARM_CONFIRM_FACTOR=0)")
+    truth = {name: replay(s, 0.0, 0.0, args.repeats) for name, s in jobs.items()}
+    n = sum(len(s) for s in jobs.values())
+    every = sum(t["repeats"] or 0 for t in truth.values())
+    print(f"{len(jobs)} jobs, {n} valid candidates, {every} repeats with no limits")
+    for pair in args.limits:
+        prune, confirm = (float(x) for x in pair.split(","))
+        res = {name: replay(s, prune, confirm, args.repeats) for name, s in jobs.items()}
+        changed = [name for name in jobs if res[name]["best"] != truth[name]["best"]]
+        per_job = ", ".join(f"{k} {r['repeats']}" for k, r in res.items())
+        print(f"prune {prune:g}, confirm {confirm:g}: "
+              f"{sum(r['repeats'] or 0 for r in res.values())} repeats ({per_job}); "
+              f"best changed in {len(changed)} {changed or ''}; "
+              f"near misses {sum(r['near_misses'] or 0 for r in res.values())}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
