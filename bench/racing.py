@@ -89,9 +89,10 @@ def main() -> int:
         res = {name: replay(s, prune, confirm, args.repeats) for name, s in jobs.items()}
         changed = [name for name in jobs if res[name]["best"] != truth[name]["best"]]
         per_job = ", ".join(f"{k} {r['repeats']}" for k, r in res.items())
+        which = f" ({', '.join(changed)})" if changed else ""
         print(f"prune {prune:g}, confirm {confirm:g}: "
               f"{sum(r['repeats'] or 0 for r in res.values())} repeats ({per_job}); "
-              f"best changed in {len(changed)} {changed or ''}; "
+              f"best changed in {len(changed)} jobs{which}; "
               f"near misses {sum(r['near_misses'] or 0 for r in res.values())}")
     return 0
 
