@@ -21,8 +21,11 @@ import argparse
 import json
 import sqlite3
 import statistics
+from collections.abc import Iterator
+from itertools import islice
 from pathlib import Path
 from types import SimpleNamespace
+from typing import TypedDict
 
 from workers.evaluate import prune_limits, race
 
@@ -38,21 +41,25 @@ def load_jobs(out: Path) -> dict[str, list[tuple[float, ...]]]:
     return jobs
 
 
+class Replayed(TypedDict):
+    repeats: int  # taken by the race, all candidates together
+    best: int | None  # the index of the job's best candidate
+    near_misses: int
+
+
 def replay(samples: list[tuple[float, ...]], prune: float, confirm: float,
-           repeats: int) -> dict[str, int | None]:
-    """One job under (prune, confirm): repeats taken, the index of its best candidate, near
-    misses."""
+           repeats: int) -> Replayed:
+    """One job's recorded candidates raced under (prune, confirm)."""
     best: float | None = None
     best_at: int | None = None
     taken_total = near = 0
     for i, full in enumerate(samples):
         opts = SimpleNamespace(repeats=repeats, verify_below_s=best, prune_factor=prune,
                                confirm_factor=confirm)
-        left = list(full)
+        left = iter(full)
 
-        def timed(n: int, left: list[float] = left) -> tuple[float, ...]:
-            got, left[:] = left[:n], left[n:]
-            return tuple(got)
+        def timed(n: int, left: Iterator[float] = left) -> tuple[float, ...]:
+            return tuple(islice(left, n))
 
         limits = prune_limits(opts)
         taken = race(timed, opts)
@@ -82,7 +89,7 @@ def main() -> int:
                              "(tune with TUNEFARM_PRUNE_FACTOR=0 TUNEFARM_CONFIRM_FACTOR=0)")
     truth = {name: replay(s, 0.0, 0.0, args.repeats) for name, s in jobs.items()}
     n = sum(len(s) for s in jobs.values())
-    every = sum(t["repeats"] or 0 for t in truth.values())
+    every = sum(t["repeats"] for t in truth.values())
     print(f"{len(jobs)} jobs, {n} valid candidates, {every} repeats with no limits")
     for pair in args.limits:
         prune, confirm = (float(x) for x in pair.split(","))
@@ -91,9 +98,9 @@ def main() -> int:
         per_job = ", ".join(f"{k} {r['repeats']}" for k, r in res.items())
         which = f" ({', '.join(changed)})" if changed else ""
         print(f"prune {prune:g}, confirm {confirm:g}: "
-              f"{sum(r['repeats'] or 0 for r in res.values())} repeats ({per_job}); "
+              f"{sum(r['repeats'] for r in res.values())} repeats ({per_job}); "
               f"best changed in {len(changed)} jobs{which}; "
-              f"near misses {sum(r['near_misses'] or 0 for r in res.values())}")
+              f"near misses {sum(r['near_misses'] for r in res.values())}")
     return 0
 
 
