@@ -27,7 +27,18 @@ odd widths (measured on 2 Zen 5 cores, RMS norm 128×1026 at 64 × 2 rows, `benc
   vectors, 76 against 152, and 21 stack accesses against 52);
 - rows longer than `MAX_ROW` go in steps of the largest divisor up to the vector width, and a row
   with no divisor between 2 and the vector width (a prime longer than it) is left to the
-  generated space.
+  generated space;
+- a row with a single sum (RMS norm) can instead sum in whole vectors and a predicated last one
+  (knob `sums`: "tail"): 16 or 32 partial sums (1 or 2 AVX-512 vectors) over the row, the last
+  vector's lanes past the row masked by the split's predicate. TVM 0.27 drops that predicate
+  from a block that `compute_at` moves (the sum would then read past the row), so here the sum
+  moves first and `rfactor` runs after it; rfactor then puts the partial sums in a parallel pass
+  of their own ahead of the normalisation (it cannot keep them in the row's loop; a layer
+  norm's second sum, which follows the mean in that loop, it refuses). The row loops' last
+  vector is peeled off (`pragma_loop_partition_hint`), so every other one is a plain vector.
+  On 2 Xeon (Emerald Rapids) cores, RMS norm 128×1026, best kernels timed side by side: 32
+  partials 0.85× the divisor form's time, 16 partials 0.87, 64 partials 0.92; without the
+  peeling 2.0× (bench/RESULTS.md Run AU).
 
 Summation order changes (partial sums), within any tolerance a float32 normalisation has. With one
 accumulator, a row sum waits an add's latency per vector: on 2 Xeon (Emerald Rapids) cores, BERT's
@@ -54,6 +65,8 @@ from tuner.workloads import Workload
 MAX_ROWS_PER_TASK = 16
 ACCUMULATORS = ("1", "2", "4")
 NORMALISE = ("vector", "loop")
+SUMS = ("divisors", "tail")
+TAIL_ACCUMULATORS = ("1", "2")  # 4 (64 partials) measured slower on a row of 1026
 
 
 def norm_lanes(cols: int, target: Any) -> int:
@@ -65,6 +78,13 @@ def norm_lanes(cols: int, target: Any) -> int:
 def odd_lanes(cols: int, most: int) -> int:
     """The largest divisor of `cols` from 2 to `most`; 0 if there is none."""
     return next((d for d in range(most, 1, -1) if cols % d == 0), 0)
+
+
+def tail_fits(m: NormMatch) -> bool:
+    """Whether `sums` = "tail" can schedule `m`: one row sum, computed before any per-row value
+    (rfactor splits it off the row's loop only as the loop's first block)."""
+    order = [kind for _, kind in m.kinds[:-1] if kind in (ROW, SUM)]
+    return order.count(SUM) == 1 and order[0] == SUM
 
 
 def partial_count(cols: int, width: int, accumulators: str) -> int:
@@ -94,7 +114,8 @@ class NormX86(StructuralTemplate):
                    "rows in parallel, each row's sums as vector partials with a log-tree "
                    "horizontal reduction, the normalisation vectorized. Rows off the 4 grid: "
                    "partials of the row's largest divisor up to 16, 32 or 64 lanes, the "
-                   "normalisation a vector or a loop for LLVM, unrolled or not.")
+                   "normalisation a vector or a loop for LLVM, unrolled or not; with one "
+                   "row sum, also whole vectors and a predicated last one.")
     tensorize = False
     population_size = 16  # small spaces: the rows knob's divisors (x unroll off the 4 grid)
     KNOBS = knob_table(
@@ -110,6 +131,9 @@ class NormX86(StructuralTemplate):
                                              "vectorizer (on the grid: vectors of the lanes)"),
         unroll=Categorical((0, 512), doc="off the 4 grid: the explicit unroll depth of a "
                                          "row's loops (pragma_auto_unroll_max_step)"),
+        sums=DesignSpace(SUMS, doc="off the 4 grid, a row with one sum: partials of the row's "
+                                   "divisor, or whole vectors and a predicated last one (the "
+                                   "sums then a pass of their own)"),
     )
 
     def why_not(self, workload: Workload, target: Any) -> str | None:
@@ -137,13 +161,21 @@ class NormX86(StructuralTemplate):
         distinct = [acc for i, acc in enumerate(ACCUMULATORS)
                     if i == 0 or (counts[i] and counts[i] not in counts[:i])]
         loop_too = m.cols % 4 != 0 and m.cols <= MAX_ROW  # where `normalise` has a choice
+        tail_too = m.cols % 4 != 0 and tail_fits(m)
         return [v for v in super().design_variants(workload)
-                if v["accumulators"] in distinct and (loop_too or v["normalise"] == "vector")]
+                if (v["sums"] == "divisors" and v["accumulators"] in distinct
+                    and (loop_too or v["normalise"] == "vector"))
+                or (v["sums"] == "tail" and tail_too and v["accumulators"] in TAIL_ACCUMULATORS
+                    and 16 * int(v["accumulators"]) < m.cols  # at AVX-512's 16 lanes
+                    and v["normalise"] == "vector")]
 
     def schedule(self, sch: Any, workload: Workload, target: Any, *,
-                 accumulators: str, normalise: str = "vector") -> None:
+                 accumulators: str, normalise: str = "vector", sums: str = "divisors") -> None:
         m = match_norm(workload)
         assert isinstance(m, NormMatch), m
+        if sums == "tail":
+            self._schedule_tail(sch, m, target, accumulators)
+            return
         lanes = norm_lanes(m.cols, target)
         partials = partial_count(m.cols, vector_lanes(target, 32), accumulators) or lanes
         out_name = m.kinds[-1][0]
@@ -183,6 +215,32 @@ class NormX86(StructuralTemplate):
             # loops under r1: row, reduced, one per lane bit (rf stage s has s + 1 bits)
             for bits, rf in enumerate(chain[1:], start=1):
                 sch.vectorize(sch.fuse(*sch.get_loops(rf)[-bits:]))
+
+    def _schedule_tail(self, sch: Any, m: NormMatch, target: Any, accumulators: str) -> None:
+        """`sums` = "tail": the row sum and the normalisation in whole vectors and a predicated
+        last one; the sum moves under the row loop before `rfactor` (see the module's doc)."""
+        lanes = vector_lanes(target, 32)
+        for name, kind in m.kinds[:-1]:
+            if kind in (ELEMENTWISE, COLUMN):
+                sch.compute_inline(sch.get_sblock(name))
+        *leading, i, j = sch.get_loops(sch.get_sblock(m.kinds[-1][0]))
+        r0, r1 = self.split(sch, "rows", i)
+        sch.parallel(sch.fuse(*leading, r0) if leading else r0)
+        for name, kind in reversed(m.kinds[:-1]):
+            if kind in (ROW, SUM):
+                sch.compute_at(sch.get_sblock(name), r1, preserve_unit_loops=True)
+        sch.annotate(r1, "pragma_auto_unroll_max_step", self.sample(sch, "unroll"))
+        sch.annotate(r1, "pragma_unroll_explicit", 1)
+        (total,) = m.named(SUM)
+        _, partial = sch.split(sch.get_loops(sch.get_sblock(total))[-1],
+                               [None, lanes * int(accumulators)])
+        rf = sch.rfactor(partial, factor_axis=m.row_dims)
+        *_, steps, vector = sch.get_loops(rf)
+        sch.annotate(steps, "pragma_loop_partition_hint", 1)
+        sch.vectorize(vector)
+        steps, vector = sch.split(j, [None, lanes])
+        sch.annotate(steps, "pragma_loop_partition_hint", 1)
+        sch.vectorize(vector)
 
     def mutators(self, target: Any) -> dict[Any, float]:
         return {ms.mutator.MutateTileSize(): 1.0}

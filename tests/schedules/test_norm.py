@@ -113,12 +113,15 @@ def test_rows_off_the_vector_grid_keep_the_template_in_odd_vectors(
     tpl = registry.TEMPLATES["norm-x86"]
     out = match_norm_func(wl.prim_func()).kinds[-1][0]
     variants = tpl.design_variants(wl)
-    assert [(v["accumulators"], v["normalise"]) for v in variants] == [
+    assert [(v["accumulators"], v["normalise"]) for v in variants
+            if v["sums"] == "divisors"] == [
         (acc, form) for acc in ("1", "2", "4")[:len(counts)] for form in ("vector", "loop")]
     points = sample_points(registry.space_generator("norm-x86", wl, X86), wl, X86, n=2)
     assert len(points) == 2 * len(variants)  # two per design space, in the order of the variants
     for i, sch in enumerate(points):
         v = variants[i // 2]
+        if v["sums"] == "tail":  # test_a_single_row_sum_off_the_grid_can_take_a_predicated_tail
+            continue
         text = sch.mod.script()
         # the row sums' partials: one rfactor block of the variant's count, no halving tree
         assert "_rf" in text and "_rf_rf" not in text, text
@@ -132,6 +135,37 @@ def test_rows_off_the_vector_grid_keep_the_template_in_odd_vectors(
         vectorized = row.kind == tv.tvm.tirx.ForKind.VECTORIZED
         assert vectorized == (v["normalise"] == "vector"), (v, text)
         check_outputs(sch, wl, X86)
+
+
+@pytest.mark.parametrize(("shape", "kind", "tails"), [
+    ((2, 54), "rms_norm", ("1", "2")),     # 16 or 32 partial sums over a row of 54
+    ((2, 3, 18), "rms_norm", ("1",)),      # two row dimensions; 32 partials exceed the row
+    ((4, 130), "rms_norm", ("1", "2")),
+    ((4, 30), "layer_norm", ()),           # two sums, the second reads the mean: none
+])
+def test_a_single_row_sum_off_the_grid_can_take_a_predicated_tail(
+        shape: tuple[int, ...], kind: str, tails: tuple[str, ...]) -> None:
+    wl = tir(relax_tasks.norm(shape, kind))
+    tpl = registry.TEMPLATES["norm-x86"]
+    variants = tpl.design_variants(wl)
+    assert tuple(v["accumulators"] for v in variants if v["sums"] == "tail") == tails
+    assert all(v["normalise"] == "vector" for v in variants if v["sums"] == "tail")
+    width = vector_lanes(X86, 32)
+    points = sample_points(registry.space_generator("norm-x86", wl, X86), wl, X86, n=2)
+    assert len(points) == 2 * len(variants)
+    for i, sch in enumerate(points):
+        v = variants[i // 2]
+        if v["sums"] != "tail":
+            continue
+        text = sch.mod.script()
+        partials = width * int(v["accumulators"])
+        # the partial sums: whole vectors, the last one predicated, its step peeled off
+        assert "_rf" in text and "T.where(" in text, text
+        assert (f"T.vectorized({partials})" in text
+                or f"T.vectorized(T.int64({partials}))" in text), (partials, text)
+        assert text.count("pragma_loop_partition_hint") == 2, text
+        assert "T.parallel" in text and "pragma_auto_unroll_max_step" in text, text
+        check_outputs(sch, wl, X86)  # a predicate lost would read past the row
 
 
 def test_rows_of_a_prime_length_are_left_to_the_generated_space() -> None:
