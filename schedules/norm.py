@@ -28,17 +28,18 @@ odd widths (measured on 2 Zen 5 cores, RMS norm 128×1026 at 64 × 2 rows, `benc
 - rows longer than `MAX_ROW` go in steps of the largest divisor up to the vector width, and a row
   with no divisor between 2 and the vector width (a prime longer than it) is left to the
   generated space;
-- a row with a single sum (RMS norm) can instead sum in whole vectors and a predicated last one
-  (knob `sums`: "tail"): 16 or 32 partial sums (1 or 2 AVX-512 vectors) over the row, the last
-  vector's lanes past the row masked by the split's predicate. TVM 0.27 drops that predicate
-  from a block that `compute_at` moves (the sum would then read past the row), so here the sum
-  moves first and `rfactor` runs after it; rfactor then puts the partial sums in a parallel pass
-  of their own ahead of the normalisation (it cannot keep them in the row's loop; a layer
-  norm's second sum, which follows the mean in that loop, it refuses). The row loops' last
-  vector is peeled off (`pragma_loop_partition_hint`), so every other one is a plain vector.
-  On 2 Xeon (Emerald Rapids) cores, RMS norm 128×1026, best kernels timed side by side: 32
-  partials 0.85× the divisor form's time, 16 partials 0.87, 64 partials 0.92; without the
-  peeling 2.0× (bench/RESULTS.md Run AU).
+- or the row sums go in whole vectors and a predicated last one (knob `sums`: "tail"): 16 or 32
+  partial sums (1 or 2 AVX-512 vectors) over the row, the last vector's lanes past the row
+  masked by the split's predicate. TVM 0.27 drops that predicate from a block that `compute_at`
+  moves (the sum would then read past the row), and `rfactor` cannot split a sum off a row loop
+  it shares with other blocks. So each sum is a parallel pass of its own over the rows (rfactor
+  at the root), with the per-row values that follow it (a mean, a reciprocal square root), and
+  the normalisation another pass: every row is read once more from L2, in plain vectors. The
+  last, partial vector of each row loop is peeled off (`pragma_loop_partition_hint`). On 2 Xeon
+  (Emerald Rapids) cores, tuned at 64 trials, the best kernel of this form against the best of
+  the divisor form, timed side by side: layer norm 256×390 0.87×, RMS norm 128×1026 0.89–0.98×
+  in four timings. Hand-written on the RMS norm: 32 partials 0.85×, 16 0.87×, 64 0.92×; without
+  the peeling 2.0× (bench/RESULTS.md Run AU).
 
 Summation order changes (partial sums), within any tolerance a float32 normalisation has. With one
 accumulator, a row sum waits an add's latency per vector: on 2 Xeon (Emerald Rapids) cores, BERT's
@@ -80,13 +81,6 @@ def odd_lanes(cols: int, most: int) -> int:
     return next((d for d in range(most, 1, -1) if cols % d == 0), 0)
 
 
-def tail_fits(m: NormMatch) -> bool:
-    """Whether `sums` = "tail" can schedule `m`: one row sum, computed before any per-row value
-    (rfactor splits it off the row's loop only as the loop's first block)."""
-    order = [kind for _, kind in m.kinds[:-1] if kind in (ROW, SUM)]
-    return order.count(SUM) == 1 and order[0] == SUM
-
-
 def partial_count(cols: int, width: int, accumulators: str) -> int:
     """How many partial sums a row of `cols` takes with `accumulators` vectors of `width` lanes:
     on the 4 grid, the vectors' lanes where they divide the row; off it, the row's largest divisor
@@ -95,6 +89,14 @@ def partial_count(cols: int, width: int, accumulators: str) -> int:
     if cols % 4 == 0:
         return most if cols % most == 0 else 0
     return odd_lanes(cols, most)
+
+
+def _peeled_vectors(sch: Any, loop: Any, lanes: int) -> None:
+    """`loop` in vectors of `lanes`, the last (partial, predicated) one peeled off by
+    LoopPartition so that the others are plain vectors."""
+    steps, vector = sch.split(loop, [None, lanes])
+    sch.annotate(steps, "pragma_loop_partition_hint", 1)
+    sch.vectorize(vector)
 
 
 def partial_sums(sch: Any, block: Any, partials: int, rows: int) -> list[Any]:
@@ -114,8 +116,8 @@ class NormX86(StructuralTemplate):
                    "rows in parallel, each row's sums as vector partials with a log-tree "
                    "horizontal reduction, the normalisation vectorized. Rows off the 4 grid: "
                    "partials of the row's largest divisor up to 16, 32 or 64 lanes, the "
-                   "normalisation a vector or a loop for LLVM, unrolled or not; with one "
-                   "row sum, also whole vectors and a predicated last one.")
+                   "normalisation a vector or a loop for LLVM, unrolled or not; or the sums "
+                   "in passes of their own, in whole vectors and a predicated last one.")
     tensorize = False
     population_size = 16  # small spaces: the rows knob's divisors (x unroll off the 4 grid)
     KNOBS = knob_table(
@@ -131,9 +133,9 @@ class NormX86(StructuralTemplate):
                                              "vectorizer (on the grid: vectors of the lanes)"),
         unroll=Categorical((0, 512), doc="off the 4 grid: the explicit unroll depth of a "
                                          "row's loops (pragma_auto_unroll_max_step)"),
-        sums=DesignSpace(SUMS, doc="off the 4 grid, a row with one sum: partials of the row's "
-                                   "divisor, or whole vectors and a predicated last one (the "
-                                   "sums then a pass of their own)"),
+        sums=DesignSpace(SUMS, doc="off the 4 grid: the row sums as partials of the row's "
+                                   "divisor in the row's loop, or each a pass of its own in "
+                                   "whole vectors and a predicated last one"),
     )
 
     def why_not(self, workload: Workload, target: Any) -> str | None:
@@ -161,7 +163,7 @@ class NormX86(StructuralTemplate):
         distinct = [acc for i, acc in enumerate(ACCUMULATORS)
                     if i == 0 or (counts[i] and counts[i] not in counts[:i])]
         loop_too = m.cols % 4 != 0 and m.cols <= MAX_ROW  # where `normalise` has a choice
-        tail_too = m.cols % 4 != 0 and tail_fits(m)
+        tail_too = m.cols % 4 != 0
         return [v for v in super().design_variants(workload)
                 if (v["sums"] == "divisors" and v["accumulators"] in distinct
                     and (loop_too or v["normalise"] == "vector"))
@@ -217,30 +219,44 @@ class NormX86(StructuralTemplate):
                 sch.vectorize(sch.fuse(*sch.get_loops(rf)[-bits:]))
 
     def _schedule_tail(self, sch: Any, m: NormMatch, target: Any, accumulators: str) -> None:
-        """`sums` = "tail": the row sum and the normalisation in whole vectors and a predicated
-        last one; the sum moves under the row loop before `rfactor` (see the module's doc)."""
+        """`sums` = "tail": each row sum a parallel pass of its own (rfactor at the root, where
+        the split's predicate stays), in whole vectors and a predicated last one; the per-row
+        values computed in the pass of the sum they follow; then the normalisation."""
         lanes = vector_lanes(target, 32)
         for name, kind in m.kinds[:-1]:
             if kind in (ELEMENTWISE, COLUMN):
                 sch.compute_inline(sch.get_sblock(name))
         *leading, i, j = sch.get_loops(sch.get_sblock(m.kinds[-1][0]))
-        r0, r1 = self.split(sch, "rows", i)
-        sch.parallel(sch.fuse(*leading, r0) if leading else r0)
-        for name, kind in reversed(m.kinds[:-1]):
-            if kind in (ROW, SUM):
-                sch.compute_at(sch.get_sblock(name), r1, preserve_unit_loops=True)
-        sch.annotate(r1, "pragma_auto_unroll_max_step", self.sample(sch, "unroll"))
-        sch.annotate(r1, "pragma_unroll_explicit", 1)
-        (total,) = m.named(SUM)
-        _, partial = sch.split(sch.get_loops(sch.get_sblock(total))[-1],
-                               [None, lanes * int(accumulators)])
-        rf = sch.rfactor(partial, factor_axis=m.row_dims)
-        *_, steps, vector = sch.get_loops(rf)
-        sch.annotate(steps, "pragma_loop_partition_hint", 1)
-        sch.vectorize(vector)
-        steps, vector = sch.split(j, [None, lanes])
-        sch.annotate(steps, "pragma_loop_partition_hint", 1)
-        sch.vectorize(vector)
+        factors = self.tile(sch, "rows", i)  # one split of the rows for every pass
+        unroll = self.sample(sch, "unroll")
+
+        def rows(loops: list[Any]) -> Any:  # [*leading, last row dimension]: the rows in parallel
+            *lead, row = loops
+            r0, r1 = sch.split(row, factors)
+            sch.parallel(sch.fuse(*lead, r0) if lead else r0)
+            sch.annotate(r1, "pragma_auto_unroll_max_step", unroll)
+            sch.annotate(r1, "pragma_unroll_explicit", 1)
+            return r1
+
+        rows([*leading, i])
+        _peeled_vectors(sch, j, lanes)
+        row = None  # the row loop of the last sum's pass
+        for name, kind in m.kinds[:-1]:
+            if kind == SUM:
+                block = sch.get_sblock(name)
+                _, partial = sch.split(sch.get_loops(block)[-1], [None, lanes * int(accumulators)])
+                rf = sch.rfactor(partial, factor_axis=m.row_dims)
+                *row_loops, steps, vector = sch.get_loops(rf)
+                row = rows(row_loops)
+                sch.annotate(steps, "pragma_loop_partition_hint", 1)
+                sch.vectorize(vector)
+                sch.reverse_compute_at(block, row, preserve_unit_loops=True)
+                # the partials' zeroing split off here: MetaSchedule's RewriteReductionBlock
+                # rejects a layer norm's second sum in this form
+                init = sch.decompose_reduction(rf, steps)
+                sch.vectorize(sch.get_loops(init)[-1])
+            elif kind == ROW and row is not None:
+                sch.reverse_compute_at(sch.get_sblock(name), row, preserve_unit_loops=True)
 
     def mutators(self, target: Any) -> dict[Any, float]:
         return {ms.mutator.MutateTileSize(): 1.0}

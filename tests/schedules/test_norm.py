@@ -140,10 +140,11 @@ def test_rows_off_the_vector_grid_keep_the_template_in_odd_vectors(
 @pytest.mark.parametrize(("shape", "kind", "tails"), [
     ((2, 54), "rms_norm", ("1", "2")),     # 16 or 32 partial sums over a row of 54
     ((2, 3, 18), "rms_norm", ("1",)),      # two row dimensions; 32 partials exceed the row
-    ((4, 130), "rms_norm", ("1", "2")),
-    ((4, 30), "layer_norm", ()),           # two sums, the second reads the mean: none
+    ((4, 130), "layer_norm", ("1", "2")),  # two sums, the second reads the mean
+    ((3, 2, 30), "layer_norm", ("1",)),
+    ((4, 64), "rms_norm", ()),             # on the grid: whole vectors anyway
 ])
-def test_a_single_row_sum_off_the_grid_can_take_a_predicated_tail(
+def test_row_sums_off_the_grid_can_take_a_predicated_tail(
         shape: tuple[int, ...], kind: str, tails: tuple[str, ...]) -> None:
     wl = tir(relax_tasks.norm(shape, kind))
     tpl = registry.TEMPLATES["norm-x86"]
@@ -159,12 +160,16 @@ def test_a_single_row_sum_off_the_grid_can_take_a_predicated_tail(
             continue
         text = sch.mod.script()
         partials = width * int(v["accumulators"])
-        # the partial sums: whole vectors, the last one predicated, its step peeled off
-        assert "_rf" in text and "T.where(" in text, text
+        sums = len(match_norm_func(wl.prim_func()).named(SUM))
+        # each sum a parallel pass in whole vectors, the last one predicated and peeled off;
+        # then the normalisation, a pass of the same kind
+        assert text.count("_rf = T.sblock_alloc_buffer") == sums, text
+        assert text.count("T.where(") == sums + 1, text
         assert (f"T.vectorized({partials})" in text
                 or f"T.vectorized(T.int64({partials}))" in text), (partials, text)
-        assert text.count("pragma_loop_partition_hint") == 2, text
-        assert "T.parallel" in text and "pragma_auto_unroll_max_step" in text, text
+        assert text.count("pragma_loop_partition_hint") == sums + 1, text
+        assert text.count("T.parallel") == sums + 1, text
+        assert "pragma_auto_unroll_max_step" in text, text
         check_outputs(sch, wl, X86)  # a predicate lost would read past the row
 
 
