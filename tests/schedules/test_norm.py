@@ -120,7 +120,7 @@ def test_rows_off_the_vector_grid_keep_the_template_in_odd_vectors(
     assert len(points) == 2 * len(variants)  # two per design space, in the order of the variants
     for i, sch in enumerate(points):
         v = variants[i // 2]
-        if v["sums"] == "tail":  # test_a_single_row_sum_off_the_grid_can_take_a_predicated_tail
+        if v["sums"] == "tail":  # test_row_sums_off_the_grid_can_take_a_predicated_tail
             continue
         text = sch.mod.script()
         # the row sums' partials: one rfactor block of the variant's count, no halving tree
