@@ -91,10 +91,9 @@ def partial_count(cols: int, width: int, accumulators: str) -> int:
     return odd_lanes(cols, most)
 
 
-def _peeled_vectors(sch: Any, loop: Any, lanes: int) -> None:
-    """`loop` in vectors of `lanes`, the last (partial, predicated) one peeled off by
-    LoopPartition so that the others are plain vectors."""
-    steps, vector = sch.split(loop, [None, lanes])
+def _peeled_vectors(sch: Any, steps: Any, vector: Any) -> None:
+    """A loop split into `steps` of one `vector` (the last one partial, under the split's
+    predicate): that step peeled off by LoopPartition, so that the others are plain vectors."""
     sch.annotate(steps, "pragma_loop_partition_hint", 1)
     sch.vectorize(vector)
 
@@ -175,15 +174,15 @@ class NormX86(StructuralTemplate):
                  accumulators: str, normalise: str = "vector", sums: str = "divisors") -> None:
         m = match_norm(workload)
         assert isinstance(m, NormMatch), m
+        for name, kind in m.kinds[:-1]:
+            if kind in (ELEMENTWISE, COLUMN):
+                sch.compute_inline(sch.get_sblock(name))
         if sums == "tail":
             self._schedule_tail(sch, m, target, accumulators)
             return
         lanes = norm_lanes(m.cols, target)
         partials = partial_count(m.cols, vector_lanes(target, 32), accumulators) or lanes
         out_name = m.kinds[-1][0]
-        for name, kind in m.kinds[:-1]:
-            if kind in (ELEMENTWISE, COLUMN):
-                sch.compute_inline(sch.get_sblock(name))
         chains = {}  # each row sum with its rfactor blocks (consumer first)
         for name in m.named(SUM):
             block = sch.get_sblock(name)
@@ -221,11 +220,9 @@ class NormX86(StructuralTemplate):
     def _schedule_tail(self, sch: Any, m: NormMatch, target: Any, accumulators: str) -> None:
         """`sums` = "tail": each row sum a parallel pass of its own (rfactor at the root, where
         the split's predicate stays), in whole vectors and a predicated last one; the per-row
-        values computed in the pass of the sum they follow; then the normalisation."""
+        values computed in the pass of the sum they follow; then the normalisation. The
+        elementwise blocks are inlined already."""
         lanes = vector_lanes(target, 32)
-        for name, kind in m.kinds[:-1]:
-            if kind in (ELEMENTWISE, COLUMN):
-                sch.compute_inline(sch.get_sblock(name))
         *leading, i, j = sch.get_loops(sch.get_sblock(m.kinds[-1][0]))
         factors = self.tile(sch, "rows", i)  # one split of the rows for every pass
         unroll = self.sample(sch, "unroll")
@@ -239,7 +236,7 @@ class NormX86(StructuralTemplate):
             return r1
 
         rows([*leading, i])
-        _peeled_vectors(sch, j, lanes)
+        _peeled_vectors(sch, *sch.split(j, [None, lanes]))
         row = None  # the row loop of the last sum's pass
         for name, kind in m.kinds[:-1]:
             if kind == SUM:
@@ -248,8 +245,7 @@ class NormX86(StructuralTemplate):
                 rf = sch.rfactor(partial, factor_axis=m.row_dims)
                 *row_loops, steps, vector = sch.get_loops(rf)
                 row = rows(row_loops)
-                sch.annotate(steps, "pragma_loop_partition_hint", 1)
-                sch.vectorize(vector)
+                _peeled_vectors(sch, steps, vector)
                 sch.reverse_compute_at(block, row, preserve_unit_loops=True)
                 # the partials' zeroing split off here: MetaSchedule's RewriteReductionBlock
                 # rejects a layer norm's second sum in this form
