@@ -25,9 +25,8 @@ odd widths (measured on 2 Zen 5 cores, RMS norm 128×1026 at 64 × 2 rows, `benc
 - the row's loops are unrolled or not (knob `unroll`): 7.2 → 5.8 µs with 27 partials and the
   loop (the unrolled kernel's assembly has half the lane inserts that assemble odd-width
   vectors, 76 against 152, and 21 stack accesses against 52);
-- rows longer than `MAX_ROW` go in steps of the largest divisor up to the vector width, and a row
-  with no divisor between 2 and the vector width (a prime longer than it) is left to the
-  generated space;
+- rows longer than `MAX_ROW` go in steps of the largest divisor up to the vector width; this form
+  needs a divisor from 2 to 8 (AVX2's width, so that the same spaces serve every x86 target);
 - or the row sums go in whole vectors and a predicated last one (knob `sums`: "tail"): 16 or 32
   partial sums (1 or 2 AVX-512 vectors) over the row, the last vector's lanes past the row
   masked by the split's predicate. TVM 0.27 drops that predicate from a block that `compute_at`
@@ -39,7 +38,8 @@ odd widths (measured on 2 Zen 5 cores, RMS norm 128×1026 at 64 × 2 rows, `benc
   (Emerald Rapids) cores, tuned at 64 trials, the best kernel of this form against the best of
   the divisor form, timed side by side: layer norm 256×390 0.87×, RMS norm 128×1026 0.89–0.98×
   in four timings. Hand-written on the RMS norm: 32 partials 0.85×, 16 0.87×, 64 0.92×; without
-  the peeling 2.0× (bench/RESULTS.md Run AU).
+  the peeling 2.0× (bench/RESULTS.md Run AU). A row with no divisor from 2 to 8 (a prime) gets
+  this form only; one of 16 or fewer of them, neither (the generated space).
 
 Summation order changes (partial sums), within any tolerance a float32 normalisation has. With one
 accumulator, a row sum waits an add's latency per vector: on 2 Xeon (Emerald Rapids) cores, BERT's
@@ -79,6 +79,18 @@ def norm_lanes(cols: int, target: Any) -> int:
 def odd_lanes(cols: int, most: int) -> int:
     """The largest divisor of `cols` from 2 to `most`; 0 if there is none."""
     return next((d for d in range(most, 1, -1) if cols % d == 0), 0)
+
+
+def divisor_form(cols: int) -> bool:
+    """Whether a row of `cols` can take the divisor form: on the 4 grid, or a divisor from 2 to
+    8 (the narrowest x86 vector width)."""
+    return cols % 4 == 0 or odd_lanes(cols, 8) > 0
+
+
+def tail_form(cols: int, accumulators: str = "1") -> bool:
+    """Whether a row of `cols` can take the tail form with `accumulators` vectors: off the 4 grid
+    and longer than those vectors at AVX-512's 16 lanes."""
+    return cols % 4 != 0 and 16 * int(accumulators) < cols
 
 
 def partial_count(cols: int, width: int, accumulators: str) -> int:
@@ -143,9 +155,9 @@ class NormX86(StructuralTemplate):
             return m.reason
         if not is_x86(target):
             return "not an x86 LLVM target"
-        if norm_lanes(m.cols, target) == 0:
-            return (f"the row length ({m.cols}) has no divisor between 2 and "
-                    f"{vector_lanes(target, 32)} (the vector width)")
+        if not (divisor_form(m.cols) or tail_form(m.cols)):
+            return (f"the row length ({m.cols}) has no divisor from 2 to 8 and is no longer than "
+                    f"one 16-lane vector")
         return None
 
     def knob_extents(self, workload: Workload) -> dict[str, int]:
@@ -162,13 +174,12 @@ class NormX86(StructuralTemplate):
         distinct = [acc for i, acc in enumerate(ACCUMULATORS)
                     if i == 0 or (counts[i] and counts[i] not in counts[:i])]
         loop_too = m.cols % 4 != 0 and m.cols <= MAX_ROW  # where `normalise` has a choice
-        tail_too = m.cols % 4 != 0
         return [v for v in super().design_variants(workload)
-                if (v["sums"] == "divisors" and v["accumulators"] in distinct
+                if (v["sums"] == "divisors" and divisor_form(m.cols)
+                    and v["accumulators"] in distinct
                     and (loop_too or v["normalise"] == "vector"))
-                or (v["sums"] == "tail" and tail_too and v["accumulators"] in TAIL_ACCUMULATORS
-                    and 16 * int(v["accumulators"]) < m.cols  # at AVX-512's 16 lanes
-                    and v["normalise"] == "vector")]
+                or (v["sums"] == "tail" and v["accumulators"] in TAIL_ACCUMULATORS
+                    and tail_form(m.cols, v["accumulators"]) and v["normalise"] == "vector")]
 
     def schedule(self, sch: Any, workload: Workload, target: Any, *,
                  accumulators: str, normalise: str = "vector", sums: str = "divisors") -> None:

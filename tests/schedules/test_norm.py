@@ -173,10 +173,28 @@ def test_row_sums_off_the_grid_can_take_a_predicated_tail(
         check_outputs(sch, wl, X86)  # a predicate lost would read past the row
 
 
-def test_rows_of_a_prime_length_are_left_to_the_generated_space() -> None:
-    wl = tir(relax_tasks.norm((4, 37), "layer_norm"))
+@pytest.mark.parametrize(("shape", "kind", "tails"), [
+    ((4, 37), "layer_norm", ("1", "2")),   # a prime: no divisor form, 16 or 32 partials
+    ((2, 3, 29), "rms_norm", ("1",)),      # two row dimensions; 32 partials exceed the row
+    ((3, 121), "layer_norm", ("1", "2")),  # 11 x 11: no divisor from 2 to 8 (AVX2's width)
+])
+def test_rows_without_a_small_divisor_take_the_tail_form_only(
+        shape: tuple[int, ...], kind: str, tails: tuple[str, ...]) -> None:
+    wl = tir(relax_tasks.norm(shape, kind))
+    assert registry.resolve("default", wl, X86) == "norm-x86"
+    variants = registry.TEMPLATES["norm-x86"].design_variants(wl)
+    assert [(v["sums"], v["accumulators"]) for v in variants] == [("tail", a) for a in tails]
+    points = sample_points(registry.space_generator("norm-x86", wl, X86), wl, X86, n=2)
+    assert len(points) == 2 * len(tails)
+    for sch in points:
+        assert "T.where(" in sch.mod.script()
+        check_outputs(sch, wl, X86)
+
+
+def test_short_rows_of_a_prime_length_are_left_to_the_generated_space() -> None:
+    wl = tir(relax_tasks.norm((4, 13), "layer_norm"))
     assert isinstance(match_norm_func(wl.prim_func()), NormMatch)
     why = registry.TEMPLATES["norm-x86"].why_not(wl, X86)
-    width = vector_lanes(X86, 32)
-    assert why == f"the row length (37) has no divisor between 2 and {width} (the vector width)"
+    assert why == ("the row length (13) has no divisor from 2 to 8 and is no longer than one "
+                   "16-lane vector")
     assert registry.resolve("default", wl, X86) == "auto"
