@@ -157,7 +157,7 @@ class NormX86(StructuralTemplate):
             return "not an x86 LLVM target"
         if not (divisor_form(m.cols) or tail_form(m.cols)):
             return (f"the row length ({m.cols}) has no divisor from 2 to 8 and is no longer than "
-                    f"one 16-lane vector")
+                    "one 16-lane vector")
         return None
 
     def knob_extents(self, workload: Workload) -> dict[str, int]:
