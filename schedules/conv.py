@@ -155,7 +155,7 @@ OW_TILE_NARROW = (2, 7)
 # ... and there any width in that range, the last tile partial (a predicate), peeled off by
 # LoopPartition (`pragma_loop_partition_hint`): F14 on a Zen 3, its best trace with 5 columns x 2
 # ymm (10 accumulators) and the padded input per tile, 0.87-0.91x the 2 x 4 ymm tile it chose
-# among OW's divisors; the same without the peeling 1.0x, with the input padding inlined 1.1x
+# among OW's divisors; the same without the peeling 1.02x, with the input padding inlined 1.1-1.2x
 # (bench/RESULTS.md Run AV)
 
 
