@@ -100,11 +100,11 @@ class PerfectTile:
 class RegisterTile:
     """A loop split into [outer, inner] with the inner extent drawn uniformly among the divisors
     of the loop's extent in [lo, hi], else the largest divisor <= hi: a register tile that fills
-    the micro-kernel, never a degenerate narrow one (`lo` of 4: no 1- or 2-wide tile), and always
-    perfect. `narrow`: the [lo, hi] on targets with 16 vector registers, not 32 (AVX2: each wide
-    accumulator there takes two registers), where the template asks for it
+    the micro-kernel, never a degenerate narrow one (`lo` of 4: no 1- or 2-wide tile), and
+    perfect unless `narrow_any`. `narrow`: the [lo, hi] on targets with 16 vector registers, not
+    32 (AVX2: each wide accumulator there takes two registers), where the template asks for it
     (`Template.split(..., narrow=True)`). `narrow_any`: there, every extent in that range, not
-    only the divisors (the template guards the last, partial tile)."""
+    only the divisors (the split guards the last, partial tile with a predicate)."""
 
     lo: int
     hi: int
