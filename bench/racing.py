@@ -13,6 +13,16 @@ then replay each job's candidates in their order under each pair: how many repea
 takes, which candidate ends as the job's best (against the best with every repeat timed), and
 how many a limit cut short while their median (of all repeats) was within 1% of the best of
 their time (a near miss; below it, they would have been the new best).
+
+`--halves` asks how long the first repeat (the screen the first limit reads) needs to be. Tune
+with every candidate timed as ten repeats of half the usual length,
+
+    TUNEFARM_REPEATS=10 TUNEFARM_MIN_REPEAT_MS=20 TUNEFARM_PRUNE_FACTOR=0 \
+        TUNEFARM_CONFIRM_FACTOR=0 python -m bench --suite fused --only ... --out DIR
+
+then replay each candidate as five full repeats (two halves each), and as a half first repeat
+followed by four full ones: the timing each takes (in full repeats), near misses, and how much
+slower the candidate each picks is than the job's best by the mean of all ten halves.
 """
 
 from __future__ import annotations
@@ -58,7 +68,8 @@ def replay(samples: list[tuple[float, ...]], prune: float, confirm: float,
                                confirm_factor=confirm)
         left = iter(full)
 
-        def timed(n: int, left: Iterator[float] = left) -> tuple[float, ...]:
+        def timed(n: int, short: bool = False, left: Iterator[float] = left
+                  ) -> tuple[float, ...]:
             return tuple(islice(left, n))
 
         limits = prune_limits(opts)
@@ -80,8 +91,12 @@ def main() -> int:
     p.add_argument("--limits", nargs="+", default=["1.5,1.1", "1.2,1.05", "1.1,1.03"],
                    help="prune,confirm pairs to replay")
     p.add_argument("--repeats", type=int, default=5, help="repeats per candidate (5)")
+    p.add_argument("--halves", action="store_true",
+                   help="candidates timed as 2 x repeats halves: compare screen lengths")
     args = p.parse_args()
     jobs = load_jobs(args.out)
+    if args.halves:
+        return halves(jobs, args.repeats, [tuple(map(float, x.split(","))) for x in args.limits])
     for name, samples in jobs.items():
         short = sum(len(s) < args.repeats for s in samples)
         if short:
@@ -101,6 +116,38 @@ def main() -> int:
               f"{sum(r['repeats'] for r in res.values())} repeats ({per_job}); "
               f"best changed in {len(changed)} jobs{which}; "
               f"near misses {sum(r['near_misses'] for r in res.values())}")
+    return 0
+
+
+def _pairs(s: tuple[float, ...], start: int, n: int) -> tuple[float, ...]:
+    return tuple((s[start + 2 * k] + s[start + 2 * k + 1]) / 2 for k in range(n))
+
+
+def halves(jobs: dict[str, list[tuple[float, ...]]], repeats: int,
+           limits: list[tuple[float, ...]]) -> int:
+    """The `--halves` report: full against half first repeats, under each pair of limits."""
+    short = [k for k, s in jobs.items() if any(len(x) < 2 * repeats for x in s)]
+    if short:
+        raise SystemExit(f"{', '.join(short)}: fewer than {2 * repeats} samples per candidate "
+                         f"(tune with TUNEFARM_REPEATS={2 * repeats} and both limits 0)")
+    views = {"full first repeat": (lambda s: _pairs(s, 0, repeats), 0.0),
+             "half first repeat": (lambda s: (s[0], *_pairs(s, 1, repeats - 1)), 0.5)}
+    for prune, confirm in limits:
+        for name, (view, saved) in views.items():
+            cost = near = 0.0
+            slower = []
+            for samples in jobs.values():
+                truth = [statistics.fmean(x) for x in samples]
+                seen = [view(x) for x in samples]
+                r = replay(seen, prune, confirm, repeats)
+                cost += r["repeats"] - saved * len(seen)
+                near += r["near_misses"]
+                if r["best"] is not None:
+                    slower.append(truth[r["best"]] / min(truth))
+            print(f"prune {prune:g}, confirm {confirm:g}, {name}: {cost:g} repeats, "
+                  f"near misses {near:g}; the pick is slower than the best by "
+                  f"{100 * (statistics.geometric_mean(slower) - 1):.2f}% on average, "
+                  f"{100 * (max(slower) - 1):.1f}% at most")
     return 0
 
 

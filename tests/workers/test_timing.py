@@ -3,6 +3,7 @@ whose kernel takes a known time; the real evaluator is exercised by test_local a
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 from types import SimpleNamespace
@@ -11,7 +12,13 @@ from typing import Any
 import pytest
 
 from tuner.measure import MeasureOptions
-from workers.evaluate import CALIBRATION_HEADROOM, REPEAT_FLOOR, calls_per_repeat, time_kernel
+from workers.evaluate import (
+    CALIBRATION_HEADROOM,
+    REPEAT_FLOOR,
+    SCREEN_FRACTION,
+    calls_per_repeat,
+    time_kernel,
+)
 
 
 @dataclass
@@ -42,6 +49,14 @@ class FakeModule:
 
 
 DEV = SimpleNamespace(sync=lambda: None)
+
+
+def assert_calibrated_once(screen: dict[str, Any], rest: list[dict[str, Any]], per_call_s: float,
+                           min_repeat_ms: float) -> None:
+    """One calibration for all the repeats; the screen (the first) is SCREEN_FRACTION of them."""
+    full = math.ceil(CALIBRATION_HEADROOM * min_repeat_ms / (per_call_s * 1e3))
+    assert all(e["number"] == full for e in rest)
+    assert screen["number"] == math.ceil(SCREEN_FRACTION * full) < full
 
 
 def test_a_fast_kernel_gets_a_calibrated_count_with_headroom() -> None:
@@ -94,9 +109,9 @@ def test_a_kernel_within_the_prune_limit_races_on(per_call_s: float,
     rt = FakeModule(per_call_s=per_call_s)
     opts = MeasureOptions(min_repeat_ms=10, repeats=5, verify_below_s=200e-6, prune_factor=1.5)
     assert time_kernel(rt, [], opts, DEV) == (per_call_s,) * sum(repeats_asked)
-    timed = rt.evaluators[-len(repeats_asked):]
-    assert tuple(e["repeat"] for e in timed) == repeats_asked
-    assert len({e["number"] for e in timed}) == 1  # one calibration for all the repeats
+    screen, *rest = rt.evaluators[-len(repeats_asked):]
+    assert (screen["repeat"], *(e["repeat"] for e in rest)) == repeats_asked
+    assert_calibrated_once(screen, rest, per_call_s, 10)
 
 
 @pytest.mark.parametrize(("per_call_s", "repeats_asked"), [
@@ -111,9 +126,9 @@ def test_a_kernel_races_the_best_over_its_first_two_repeats(
     opts = MeasureOptions(min_repeat_ms=10, repeats=5, verify_below_s=200e-6, prune_factor=1.5,
                           confirm_factor=1.1)
     assert time_kernel(rt, [], opts, DEV) == (per_call_s,) * sum(repeats_asked)
-    timed = rt.evaluators[-len(repeats_asked):]
-    assert tuple(e["repeat"] for e in timed) == repeats_asked
-    assert len({e["number"] for e in timed}) == 1
+    screen, *rest = rt.evaluators[-len(repeats_asked):]
+    assert (screen["repeat"], *(e["repeat"] for e in rest)) == repeats_asked
+    assert_calibrated_once(screen, rest, per_call_s, 10)
 
 
 def test_the_second_limit_reads_the_faster_of_two_repeats() -> None:
@@ -189,3 +204,26 @@ def test_without_a_limit_every_repeat_is_timed_at_once(opts: MeasureOptions) -> 
     rt = FakeModule(per_call_s=400e-6)
     assert len(time_kernel(rt, [], opts, DEV)) == opts.repeats
     assert rt.evaluators[-1]["repeat"] == opts.repeats
+
+
+@pytest.mark.parametrize("flush", [False, True])
+def test_the_first_repeat_of_a_racing_kernel_is_a_shorter_screen(flush: bool) -> None:
+    """The repeat the first limit reads lasts SCREEN_FRACTION of the others (calls, and the
+    floor below which TVM runs it again); a kernel with no best to race, or with the first limit
+    off, gets full repeats only; with a cache flush every repeat is one call anyway."""
+    racing = MeasureOptions(min_repeat_ms=10, repeats=5, cache_flush=flush,
+                            verify_below_s=200e-6, prune_factor=1.5, confirm_factor=1.1)
+    rt = FakeModule(per_call_s=100e-6)
+    time_kernel(rt, [], racing, DEV)
+    screen, full = rt.evaluators[-3], rt.evaluators[-2]
+    if flush:
+        assert screen == full
+    else:
+        assert screen["number"] == math.ceil(SCREEN_FRACTION * full["number"]) < full["number"]
+        assert screen["min_repeat_ms"] == math.ceil(REPEAT_FLOOR * SCREEN_FRACTION * 10)
+    for opts in (MeasureOptions(min_repeat_ms=10, repeats=5),
+                 MeasureOptions(min_repeat_ms=10, repeats=5, verify_below_s=200e-6,
+                                prune_factor=0.0, confirm_factor=1.1)):
+        rt = FakeModule(per_call_s=100e-6)
+        time_kernel(rt, [], opts, DEV)
+        assert len({e["number"] for e in rt.evaluators[1:]}) == 1
