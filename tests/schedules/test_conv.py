@@ -15,6 +15,7 @@ import pytest
 
 from schedules import registry
 from schedules.registry import TEMPLATES
+from tests.support import guarded
 from tests.support.targets import AVX2_X86, HOST_AVX512, RUN_X86, ZNVER4
 from tuner import tvm_api as tv
 from tuner.workloads import parse_spec
@@ -33,10 +34,9 @@ def _run(mod: Any, target: Any, inputs: list[np.ndarray], out_shapes: list[tuple
          ) -> list[np.ndarray]:
     rt = tv.compile_module(mod, target)
     dev = tv.tvm.cpu(0)
-    args = [tv.tvm.runtime.tensor(a, dev) for a in inputs]
-    args += [tv.tvm.runtime.tensor(np.zeros(s, d), dev) for s, d in out_shapes]
-    rt["main"](*args)
-    return [a.numpy() for a in args[len(inputs):]]
+    outs = guarded.outputs(out_shapes, dev)
+    rt["main"](*(tv.tvm.runtime.tensor(a, dev) for a in inputs), *(o.tensor for o in outs))
+    return [o.numpy() for o in outs]
 
 
 def _check_random_traces(tname: str, spec: dict[str, Any], target: Any, seeds: list[int]) -> int:

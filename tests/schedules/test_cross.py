@@ -32,6 +32,7 @@ import pytest
 
 from schedules import arm, cuda  # noqa: F401 - importing registers the templates
 from schedules.registry import TEMPLATES, spaces_for
+from tests.support import guarded
 from tuner import tvm_api as tv
 from tuner.workloads import parse_spec
 
@@ -129,11 +130,9 @@ def run_on_host(mod: Any, workload: Any) -> list[np.ndarray]:
     rt = tv.compile_module(mod, host())
     dev = tv.tvm.cpu(0)
     inputs = workload.make_inputs(seed=0)
-    args = [tv.tvm.runtime.tensor(a, dev) for a in inputs]
-    for _, shape, dtype in workload.arg_specs()[len(inputs):]:
-        args.append(tv.tvm.runtime.tensor(np.zeros(shape, dtype), dev))
-    rt["main"](*args)
-    return [a.numpy() for a in args[len(inputs):]]
+    outs = guarded.outputs([(s, d) for _, s, d in workload.arg_specs()[len(inputs):]], dev)
+    rt["main"](*(tv.tvm.runtime.tensor(a, dev) for a in inputs), *(o.tensor for o in outs))
+    return [o.numpy() for o in outs]
 
 
 def assert_matches_reference(mod: Any, workload: Any) -> None:

@@ -11,6 +11,7 @@ import pytest
 from schedules import int8
 from schedules.intrinsics import VNNI_16x4_LLVM22
 from schedules.registry import TEMPLATES, describe
+from tests.support import guarded
 from tests.support.targets import AVX2_X86
 from tuner import tvm_api as tv
 from tuner.measure import Invalidity, MeasureInput, MeasureOptions
@@ -47,9 +48,9 @@ def run_full(w, mod, spec: dict = TARGET) -> np.ndarray:
     """Build `mod` as is (weight packing included) and run it on the workload's inputs."""
     x, wt = w.make_inputs(0)
     dev = tv.tvm.cpu(0)
-    out = tv.tvm.runtime.tensor(np.zeros(w.arg_specs()[-1][1], "int32"), dev)
+    (out,) = guarded.outputs([(w.arg_specs()[-1][1], "int32")], dev)
     tv.compile_module(mod, tv.make_target(spec))["main"](
-        tv.tvm.runtime.tensor(x, dev), tv.tvm.runtime.tensor(wt, dev), out)
+        tv.tvm.runtime.tensor(x, dev), tv.tvm.runtime.tensor(wt, dev), out.tensor)
     return out.numpy()
 
 

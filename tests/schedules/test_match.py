@@ -19,6 +19,7 @@ from schedules.match_conv import (
     match_depthwise_func,
 )
 from tests.schedules.test_spaces import X86, check_outputs, sample_points
+from tests.support import guarded
 from tuner import prepack
 from tuner import tvm_api as tv
 from tuner.prepack import PADDED_PREPROC, PREPROC
@@ -149,9 +150,8 @@ def check_kernel(sch: Any, wl: Any) -> None:
     kernel = prepack.kernel(sch.mod)
     assert tv.param_specs(kernel) != [(s, d) for _, s, d in wl.arg_specs()]  # weights packed
     args = Packer(inputs, wl.arg_specs()).kernel_inputs(sch.mod, X86, dev)
-    outs = [tv.tvm.runtime.tensor(np.zeros(s, d), dev)
-            for _, s, d in wl.arg_specs()[wl.num_inputs:]]
-    tv.compile_module(kernel, X86)["main"](*args, *outs)
+    outs = guarded.outputs([(s, d) for _, s, d in wl.arg_specs()[wl.num_inputs:]], dev)
+    tv.compile_module(kernel, X86)["main"](*args, *(o.tensor for o in outs))
     rtol, atol = wl.tolerance()
     for got, ref in zip(outs, wl.reference(inputs), strict=True):
         np.testing.assert_allclose(got.numpy(), ref, rtol=rtol, atol=atol)

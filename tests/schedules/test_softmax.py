@@ -10,6 +10,7 @@ import pytest
 from schedules.intrinsics import DIV_BCAST_F32, EXP_SUB_F32
 from schedules.registry import TEMPLATES, describe
 from schedules.softmax import softmax_lanes
+from tests.support import guarded
 from tuner import tvm_api as tv
 from tuner.workloads import parse_spec
 
@@ -39,8 +40,8 @@ def sample(w, count: int, seed: int) -> list:
 
 def run(w, rt, x: np.ndarray) -> np.ndarray:
     dev = tv.tvm.cpu(0)
-    out = tv.tvm.runtime.tensor(np.zeros(x.shape, "float32"), dev)
-    rt["main"](tv.tvm.runtime.tensor(x, dev), out)
+    (out,) = guarded.outputs([(x.shape, "float32")], dev)
+    rt["main"](tv.tvm.runtime.tensor(x, dev), out.tensor)
     return out.numpy()
 
 

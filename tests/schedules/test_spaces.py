@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from schedules import registry
+from tests.support import guarded
 from tests.support.targets import RUN_X86
 from tuner import tvm_api as tv
 from tuner.errors import SpecError
@@ -52,9 +53,8 @@ def check_outputs(sch: Any, workload: Any, target: Any) -> None:
     inputs = workload.make_inputs(3)
     dev = tv.tvm.cpu(0)
     args = [tv.tvm.runtime.tensor(a, dev) for a in inputs]
-    outs = [tv.tvm.runtime.tensor(np.zeros(s, d), dev)
-            for _, s, d in workload.arg_specs()[len(inputs):]]
-    rt["main"](*args, *outs)
+    outs = guarded.outputs([(s, d) for _, s, d in workload.arg_specs()[len(inputs):]], dev)
+    rt["main"](*args, *(o.tensor for o in outs))
     rtol, atol = workload.tolerance()
     for got, ref in zip(outs, workload.reference(inputs), strict=True):
         np.testing.assert_allclose(got.numpy(), ref, rtol=rtol, atol=atol)
