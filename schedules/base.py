@@ -183,13 +183,14 @@ class Template(ABC):
             inner = int(sch.get(loop).extent)
         return list(sch.sample_perfect_tile(loop, n=knob.parts, max_innermost_factor=inner))
 
-    def split(self, sch: Any, name: str, loop: Any, *, narrow: bool = False) -> list[Any]:
+    def split(self, sch: Any, name: str, loop: Any, *, narrow: bool = False,
+              partial: bool = True) -> list[Any]:
         """`loop` split by the knob `name`: a perfect tile, or [outer, inner] for a register tile
         (its inner extent one `SampleCategorical` among the choices for the loop's extent; with
-        `narrow`, those for a target with 16 vector registers)."""
+        `narrow`, those for a target with 16 vector registers; `partial=False`: divisors only)."""
         knob = self.KNOBS[name]
         if isinstance(knob, RegisterTile):
-            cands = knob.choices(int(sch.get(loop).extent), narrow=narrow)
+            cands = knob.choices(int(sch.get(loop).extent), narrow=narrow, partial=partial)
             v = sch.sample_categorical(candidates=cands, probs=uniform(len(cands)))
             return list(sch.split(loop, [None, v]))
         return list(sch.split(loop, self.tile(sch, name, loop)))

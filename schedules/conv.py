@@ -13,8 +13,9 @@ which are folded into the register tile's write-back (no pass over memory of the
   KW, and the tile is written back after it (NCHW: a scatter of the register tile into the
   channel planes; NHWC: contiguous vector stores). Parallel over (batch, outer oc blocks, outer
   output rows). AVX2 has 16 registers, not 32, and a 16-channel block takes two of them: there
-  the tile is narrower (`OW_TILE_NARROW`) and each register is a block of the packed kernel of
-  its own (16-lane vectors split by LLVM into ymm halves measured 1.4-1.7x slower). O off the
+  the tile is narrower (`OW_TILE_NARROW`), of any width (the last tile partial and peeled off;
+  a divisor of OW where O is padded, below), and each register is a block of the packed kernel
+  of its own (16-lane vectors split by LLVM into ymm halves measured 1.4-1.7x slower). O off the
   16 grid (MobileNetV2's and EfficientNet's 24 and 40 channels) is padded with zero filters in
   the packing, as `gemm-x86` pads N (`_pad_channels`), and the write-back is predicated.
 - depthwise_conv2d (NCHW): vectorized along the output width (contiguous in NCHW), an
@@ -151,6 +152,12 @@ OW_TILE = (4, 14)  # register tile over output columns: ow x ocv*16 accumulators
 # with 16 registers (AVX2): ow x ocv*2 ymm accumulators (<= 14); on a Zen 5 running AVX2 code, F14
 # (3x3 256->256 at 14^2, OW in {7, 14} before) went from 1.57 to 1.15 ms with 2 columns x 4 ymm
 OW_TILE_NARROW = (2, 7)
+# ... and there any width in that range, the last tile partial (a predicate), peeled off by
+# LoopPartition (`pragma_loop_partition_hint`): F14 on a Zen 3, its best trace with 5 columns x 2
+# ymm (10 accumulators) and the padded input per tile, 0.87-0.91x the 2 x 4 ymm tile it chose
+# among OW's divisors; the same without the peeling 1.0x, with the input padding inlined 1.1x
+# (bench/RESULTS.md Run AV). The peeled copy of the tile doubles its code: F14's builds took 2.4x
+# as long on average (Run AW)
 
 
 class _Conv2dX86(_Direct):
@@ -175,7 +182,7 @@ class _Conv2dX86(_Direct):
                                     "output column (a zmm each, two ymm on AVX2)"),
             tile_oh=PerfectTile(2, max_innermost=8, doc="output rows split into [parallel, "
                                                         "in-task]"),
-            tile_ow=RegisterTile(*OW_TILE, of="OW", narrow=OW_TILE_NARROW,
+            tile_ow=RegisterTile(*OW_TILE, of="OW", narrow=OW_TILE_NARROW, narrow_any=True,
                                  doc="output columns per register tile"),
             tile_c=PerfectTile(2, max_innermost=64,
                                doc="input channels split into [outer, inner] reduction loops"),
@@ -209,7 +216,15 @@ class _Conv2dX86(_Direct):
         ob, ol = sch.split(o, [None, BLOCK])
         ob0, ob1, ob2 = self.split(sch, "tile_oc", ob)
         oh0, oh1 = self.split(sch, "tile_oh", oh)
-        ow0, ow1 = self.split(sch, "tile_ow", ow, narrow=lanes < BLOCK)
+        # a width that does not divide OW on AVX2: the last, partial tile peeled off. Not with
+        # padded channels: in TVM 0.27 inlining the copy to the unpadded output into the
+        # write-back (reverse_compute_inline) replaces the block's predicate, and the write-back
+        # of the last tile would lose its column guard (out of bounds: wrong outputs, a
+        # corrupted heap)
+        partial = lanes < BLOCK and wpad is None
+        ow0, ow1 = self.split(sch, "tile_ow", ow, narrow=lanes < BLOCK, partial=partial)
+        if partial:
+            sch.annotate(ow0, "pragma_loop_partition_hint", 1)
         rc0, rc1 = self.split(sch, "tile_c", rc)
         # a block of BLOCK channels as BLOCK/L registers of L lanes (one with AVX-512)
         vec = list(sch.split(ol, [None, lanes])) if lanes < BLOCK else [ol]

@@ -100,19 +100,25 @@ class PerfectTile:
 class RegisterTile:
     """A loop split into [outer, inner] with the inner extent drawn uniformly among the divisors
     of the loop's extent in [lo, hi], else the largest divisor <= hi: a register tile that fills
-    the micro-kernel, never a degenerate narrow one (`lo` of 4: no 1- or 2-wide tile), and always
-    perfect. `narrow`: the [lo, hi] on targets with 16 vector registers, not 32 (AVX2: each wide
-    accumulator there takes two registers), where the template asks for it
-    (`Template.split(..., narrow=True)`)."""
+    the micro-kernel, never a degenerate narrow one (`lo` of 4: no 1- or 2-wide tile), and
+    perfect unless `narrow_any`. `narrow`: the [lo, hi] on targets with 16 vector registers, not
+    32 (AVX2: each wide accumulator there takes two registers), where the template asks for it
+    (`Template.split(..., narrow=True)`). `narrow_any`: there, every extent in that range, not
+    only the divisors (the split guards the last, partial tile with a predicate)."""
 
     lo: int
     hi: int
     of: str
     doc: str
     narrow: tuple[int, int] | None = None
+    narrow_any: bool = False
 
-    def choices(self, extent: int, *, narrow: bool = False) -> list[int]:
+    def choices(self, extent: int, *, narrow: bool = False, partial: bool = True) -> list[int]:
+        """The inner extents to draw from; `partial=False`: divisors only, even with
+        `narrow_any` (where the template cannot guard a partial tile)."""
         lo, hi = self.narrow if (narrow and self.narrow) else (self.lo, self.hi)
+        if narrow and self.narrow and self.narrow_any and partial and lo < extent:
+            return list(range(lo, min(hi, extent) + 1))
         divs = divisors(extent)
         fitting = [d for d in divs if lo <= d <= hi]
         return fitting or [max(d for d in divs if d <= hi)]
@@ -126,8 +132,10 @@ class RegisterTile:
         doc = (f"{self.doc}: the divisors of {self.of} in [{self.lo}, {self.hi}] (else the "
                f"largest divisor <= {self.hi})")
         if self.narrow:
-            doc += (f"; in [{self.narrow[0]}, {self.narrow[1]}] (choices_narrow) on targets with "
-                    f"16 vector registers (AVX2)")
+            which = ("any extent (divisors only where the template cannot guard a partial "
+                     "tile)" if self.narrow_any else "the divisors")
+            doc += (f"; {which} in [{self.narrow[0]}, {self.narrow[1]}] (choices_narrow) on "
+                    f"targets with 16 vector registers (AVX2)")
         return {**out, "doc": doc}
 
 

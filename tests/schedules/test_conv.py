@@ -110,9 +110,43 @@ def test_column_tile_is_narrower_with_16_vector_registers() -> None:
         return [int(c) for c in cands[0]]  # tile_ow is the first categorical knob
 
     assert ow_choices(ZNVER4) == [7, 14]
-    assert ow_choices(AVX2_X86) == [2, 7]
+    assert ow_choices(AVX2_X86) == [2, 3, 4, 5, 6, 7]  # any width: the last tile partial
     knob = tmpl.knobs(w)["tile_ow"]
-    assert knob["choices"] == [7, 14] and knob["choices_narrow"] == [2, 7]
+    assert knob["choices"] == [7, 14] and knob["choices_narrow"] == [2, 3, 4, 5, 6, 7]
+
+
+@pytest.mark.parametrize("layout,tname", [("NCHW", NCHWC), ("NHWC", NHWC)])
+@pytest.mark.parametrize("pad", ["row", "tile", "inline"])
+@pytest.mark.parametrize("o", [32, 24])
+def test_column_tiles_that_do_not_divide_ow_are_peeled_and_correct(layout: str, tname: str,
+                                                                   pad: str, o: int) -> None:
+    """AVX2: a column tile of any width from 2 to 7 over OW = 10; the last tile of 3, 4, 6 or 7
+    columns is partial (a predicate), and the tile loop carries the hint that peels it off. With
+    the output channels padded (24), the divisors of OW only: there TVM drops the column guard
+    of the write-back (`schedules/conv.py`). The outputs are guarded: a write past their end
+    fails the test."""
+    w = parse_spec({"op": "conv2d", "shape": [1, 8, 10, 10, o, 3, 3], "padding": [1, 1],
+                    "layout": layout})
+    target = tv.make_target(AVX2_X86)
+    tmpl = TEMPLATES[tname]
+    (design,) = tmpl.apply(tv.Schedule(w.mod(), seed=1), w, target, pad=pad, order="c-outer")
+    tile_ow = next(i for i in design.trace.insts if i.kind.name == "SampleCategorical")
+    widths = [int(c) for c in tile_ow.attrs[0]]
+    assert widths == ([2, 3, 4, 5, 6, 7] if o % 16 == 0 else [2, 5])
+    inputs = w.make_inputs(0)
+    ref = w.reference(inputs)
+    rtol, atol = w.tolerance()
+    outs = [(s, d) for _, s, d in w.arg_specs()[w.num_inputs:]]
+    for choice, width in enumerate(widths):
+        sch = tv.Schedule(w.mod(), seed=1)
+        tv.Trace(design.trace.insts, {tile_ow: choice}).apply_to_schedule(sch,
+                                                                          remove_postproc=True)
+        text = sch.mod.script()
+        assert ("pragma_loop_partition_hint" in text) == (o % 16 == 0)
+        assert ("T.where(xx_0 * " in text) == (10 % width != 0), text
+        (got,) = _run(sch.mod, target, inputs, outs)
+        np.testing.assert_allclose(got, ref[0], rtol=rtol, atol=atol,
+                                   err_msg=f"{pad}: {width} columns")
 
 
 @pytest.mark.parametrize("shape,params", [
