@@ -35,8 +35,8 @@ class Settings(BaseSettings):
     repeats: int = 5
     cache_flush: bool = False
     num_threads: int | None = None  # None: the target's num-cores (else this machine's cores)
-    # a candidate whose first timed repeat is slower than the job's best times this is timed
-    # once only (0: every candidate gets `repeats`)
+    # a candidate whose first timed repeat (half as long as the others: a screen) is slower than
+    # the job's best times this is timed once only (0: every candidate gets `repeats`)
     prune_factor: float = Field(default=1.2, ge=0.0)
     # ... and one whose faster of its first two repeats is slower than the best times this gets
     # those two only (0: no limit after the second repeat). Both chosen from 9 fused-suite jobs
