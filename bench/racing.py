@@ -130,7 +130,10 @@ def halves(jobs: dict[str, list[tuple[float, ...]]], repeats: int,
     if short:
         raise SystemExit(f"{', '.join(short)}: fewer than {2 * repeats} samples per candidate "
                          f"(tune with TUNEFARM_REPEATS={2 * repeats} and both limits 0)")
-    views = {"full first repeat": (lambda s: _pairs(s, 0, repeats), 0.0),
+    def full(s: tuple[float, ...]) -> tuple[float, ...]:
+        return _pairs(s, 0, repeats)
+
+    views = {"full first repeat": (full, 0.0),
              "half first repeat": (lambda s: (s[0], *_pairs(s, 1, repeats - 1)), 0.5)}
     for prune, confirm in limits:
         for name, (view, saved) in views.items():
@@ -138,9 +141,10 @@ def halves(jobs: dict[str, list[tuple[float, ...]]], repeats: int,
             slower = []
             for samples in jobs.values():
                 truth = [statistics.fmean(x) for x in samples]
-                seen = [view(x) for x in samples]
+                # a job's first candidate has no best to race: full repeats, no screen
+                seen = [full(samples[0]), *(view(x) for x in samples[1:])]
                 r = replay(seen, prune, confirm, repeats)
-                cost += r["repeats"] - saved * len(seen)
+                cost += r["repeats"] - saved * (len(seen) - 1)
                 near += r["near_misses"]
                 if r["best"] is not None:
                     slower.append(truth[r["best"]] / min(truth))

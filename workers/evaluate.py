@@ -138,7 +138,7 @@ def time_kernel(rt: Any, args: list[Any], opts: Any, dev: Any) -> tuple[float, .
     The first repeat of a racing kernel is a screen half as long (`SCREEN_FRACTION`). Nine
     fused-suite jobs on a 2-core Zen 4 (527 candidates, each timed as ten 20 ms halves) replayed
     with full and half first repeats (`python -m bench.racing DIR --halves`): the half screen
-    took 21% less timing, and its picks were as close to the best of each job (0.48% slower on
+    took 20% less timing, and its picks were as close to the best of each job (0.48% slower on
     average against 0.54%; the worst 2.1% in both)."""
     if opts.cache_flush:
         # number=1 so every timed run starts with cold caches (TVM flushes all args but the first)
