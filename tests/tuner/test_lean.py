@@ -79,3 +79,39 @@ def _parent(proc: Path) -> int | None:
         return int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
     except (OSError, ValueError, IndexError):
         return None
+
+
+CLI_PROBE = """\
+import json, sys
+sys.argv = ["tunefarm", *json.loads(sys.argv[1])]
+from tuner.cli import main
+try:
+    main()
+except SystemExit:
+    pass
+torch = sys.modules.get("torch", "absent")
+print(json.dumps({"blocked": torch is None, "tvm": "tvm" in sys.modules}))
+"""
+
+
+def _cli(args: list[str], tmp_path: Path) -> dict:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TUNEFARM_DATA_DIR": str(tmp_path)}
+    out = subprocess.run([sys.executable, "-c", CLI_PROBE, json.dumps(args)], env=env,
+                         cwd=tmp_path, capture_output=True, text=True, timeout=120, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_cli_commands_that_read_no_model_run_without_torch(tmp_path: Path) -> None:
+    """`tunefarm spaces` imports TVM (whose tvm_ffi would import torch) with torch blocked;
+    `tunefarm build` (a model file may need torch) leaves torch importable."""
+    assert _cli(["spaces", "dense"], tmp_path) == {"blocked": True, "tvm": True}
+    assert _cli(["build", "--help"], tmp_path)["blocked"] is False
+
+
+def test_which_commands_need_torch() -> None:
+    from tuner.cli import needs_torch
+
+    assert needs_torch(["tune-model", "m.pt2"]) and needs_torch(["build", "m.py"])
+    assert needs_torch(["--help", "build"])
+    assert not needs_torch(["tune", "tir", "--tvmscript", "build"])  # a file named like a command
+    assert not needs_torch(["db", "export"]) and not needs_torch([])

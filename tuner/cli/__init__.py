@@ -15,9 +15,15 @@ The command modules define plain functions; this module registers every command,
 
 from __future__ import annotations
 
+import sys
+
 import typer
 
+from tuner import lean
 from tuner.cli import costmodel, model, service, tokens, tune
+
+# the commands that read model files, which may need torch (`tuner.model.load`)
+TORCH_COMMANDS = frozenset({"tune-model", "build"})
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="tunefarm: autotuning of tensor programs on Apache TVM.")
@@ -51,5 +57,16 @@ app.command()(service.submit)
 app.command()(service.up)
 
 
+def needs_torch(args: list[str]) -> bool:
+    """Whether the command in `args` (the command line after the program name) may import
+    torch: only those that read a model file do."""
+    command = next((a for a in args if not a.startswith("-")), None)
+    return command in TORCH_COMMANDS
+
+
 def main() -> None:
+    # `import tvm` imports torch whenever it is installed (`tuner.lean`): ~2 s and ~200 MB in
+    # every CLI process (a tuner, a worker, the service) that never uses it
+    if not needs_torch(sys.argv[1:]):
+        lean.skip_unused()
     app()
