@@ -218,9 +218,11 @@ class _DenseInt8(StructuralTemplate):
 
     ops = ("dense_int8", "tir")
     tensorize = True  # RewriteTensorize tensorizes the blockized update, vectorizes the init
-    # half the default population: side by side, the best kernels of 64 trials were as fast
-    # as at 128 (F22, P7, two seeds each), and the job 8–12% shorter (bench/RESULTS.md, Run AS)
-    population_size = 64
+    # a quarter of the default population: side by side, the best kernels of 64 trials were as
+    # fast at 64 as at 128 (F22, P7, two seeds each; the job 8–12% shorter: bench/RESULTS.md,
+    # Run AS), and at 32 as at 64 (F22, four seeds each on a VNNI Xeon: 102 against 103 µs on
+    # average, the job 12.2 against 13.3 s: Run AX)
+    population_size = 32
     lanes: int
     group: int
     registers: int
