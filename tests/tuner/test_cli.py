@@ -48,6 +48,9 @@ def run(args: list[str], tmp_path: Path, timeout: float = 300) -> subprocess.Com
         (["tune", "matmul", "--shape", "4,4,4", "--target", '{"kind": "cuda", "arch": "sm_80"}'],
          "does not run on this machine"),
         (["best", "matmul", "--shape", "8,8,8"], "tune it first"),
+        # text from outside is printed as it is, never read as rich markup (this raised
+        # MarkupError with a traceback)
+        (["tune", "matmul", "--shape", "4,4,4", "--target", '{"kind": "[/x]"}'], '"[/x]"'),
     ],
 )
 def test_bad_input_is_a_clear_error(args: list[str], fragment: str, tmp_path: Path) -> None:

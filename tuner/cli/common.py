@@ -13,12 +13,16 @@ from typing import Annotated, Any, NoReturn
 
 import typer
 from rich.console import Console
+from rich.text import Text
 
 from tuner.config import get_settings
 from tuner.errors import TunefarmError
 
-console = Console()
-err = Console(stderr=True)
+# no markup: what the commands print holds text from outside (shapes, target dicts, file and token
+# names, device keys, messages from the API), which rich would read as style tags ("[local]"
+# vanished, "[/x]" raised MarkupError); styles are given explicitly (`Text.assemble`, `style=`)
+console = Console(markup=False)
+err = Console(stderr=True, markup=False)
 
 DbOpt = Annotated[str | None, typer.Option(
     "--db", help="Database URL (default: TUNEFARM_DATABASE_URL, else SQLite in the user data "
@@ -80,7 +84,8 @@ def target_arg(spec: str, *, runnable_here: bool = False) -> dict[str, Any]:
 
 
 def fail(exc: TunefarmError) -> NoReturn:
-    err.print(f"[bold red]error:[/] {exc}")
+    # soft wrap: a long message (a target dict) stays one line, to be read or copied whole
+    err.print(Text.assemble(("error:", "bold red"), f" {exc}"), soft_wrap=True)
     raise typer.Exit(2)
 
 

@@ -7,7 +7,6 @@ import json
 from typing import Annotated
 
 import typer
-from rich.markup import escape
 from rich.table import Table
 
 from tuner.cli.common import DbOpt, console, fail, open_store
@@ -33,13 +32,13 @@ def model_status(db: DbOpt = None) -> None:
     for st in rows:
         m = st.model
         if m is None:
-            table.add_row(escape(f"{_target_text(st.target_json)} [{st.device_key}]"),
+            table.add_row(f"{_target_text(st.target_json)} [{st.device_key}]",
                           str(st.records), "-", "-", "-")
             continue
         kind = "full" if m.full else "incremental"
         acc = m.metrics
         table.add_row(
-            escape(f"{_target_text(st.target_json)} [{st.device_key}]"), str(st.records),
+            f"{_target_text(st.target_json)} [{st.device_key}]", str(st.records),
             f"v{m.version} {kind}, {m.rows} rows, {m.objective}",
             m.created_at.strftime("%Y-%m-%d %H:%M"),
             f"{acc['kendall_tau']:.2f}, {acc['top1']:.0%}, {acc['top5']:.0%} "

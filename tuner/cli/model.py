@@ -10,6 +10,7 @@ from typing import Annotated, Any
 
 import typer
 from rich.table import Table
+from rich.text import Text
 
 from tuner.cli.common import DbOpt, TargetOpt, console, fail, fmt_s, open_store, target_arg
 from tuner.cli.service import TERMINAL, TokenOpt, client_token
@@ -84,8 +85,9 @@ def tune_model(
                            options=MeasureOptions.from_settings(s, tgt))
     except TunefarmError as exc:
         fail(exc)
-    console.print(f"[bold]{model}[/]: {len(tasks)} tasks, {sum(t.weight for t in tasks)} calls "
-                  f"per run; {trials} trials", highlight=False, soft_wrap=True)
+    console.print(Text.assemble((str(model), "bold"), f": {len(tasks)} tasks, "
+                                f"{sum(t.weight for t in tasks)} calls per run; {trials} trials"),
+                  highlight=False, soft_wrap=True)
 
     def on_progress(p: ModelProgress) -> None:
         console.print(f"[{p.trials:>5}/{p.total}] model estimate {fmt_s(p.estimate_s)}  "
@@ -115,8 +117,9 @@ def _tune_on_service(api: str, token: str | None, body: dict[str, Any], follow: 
         job = client.submit_model(body)
     except ApiError as exc:
         fail(TunefarmError(str(exc)))
-    console.print(f"model job [bold]{job['id']}[/] {job['state']}: {len(job['tasks'])} tasks, "
-                  f"{job['trials']} trials", highlight=False, soft_wrap=True)
+    console.print(Text.assemble("model job ", (str(job["id"]), "bold"), f" {job['state']}: "
+                                f"{len(job['tasks'])} tasks, {job['trials']} trials"),
+                  highlight=False, soft_wrap=True)
     if not follow:
         sys.stdout.write(job["id"] + "\n")
         return

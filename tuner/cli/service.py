@@ -16,6 +16,7 @@ from typing import Annotated, Any
 
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.text import Text
 
 from tuner.cli import common
 from tuner.cli.common import DbOpt, TargetOpt, console, err, fail, fmt_s, open_store, target_arg
@@ -190,8 +191,10 @@ def submit(
         fail(TunefarmError(f"--target: not JSON ({exc})"))
     except (TunefarmError, ApiError) as exc:
         fail(exc if isinstance(exc, TunefarmError) else TunefarmError(str(exc)))
-    console.print(f"job [bold]{job['id']}[/] {job['state']}: {job['workload_key']} on "
-                  f"{json.dumps(job['target'])} ({job['device_key']})", highlight=False)
+    console.print(Text.assemble("job ", (str(job["id"]), "bold"),
+                                f" {job['state']}: {job['workload_key']} on "
+                                f"{json.dumps(job['target'])} ({job['device_key']})"),
+                  highlight=False)
     err.print(f"watch it at {client.base_url}/ui#/jobs/{job['id']}", highlight=False)
     if not follow:
         sys.stdout.write(job["id"] + "\n")
@@ -260,7 +263,8 @@ def up(
             procs[name] = subprocess.Popen(cmd, env={**env, **extra}, start_new_session=True)
             if name == "api" and not wait_ready(api_url, timeout_s=120,
                                                 alive=lambda: procs["api"].poll() is None):
-                err.print(f"[bold red]the API did not become ready at {api_url}; stopping[/]")
+                err.print(f"the API did not become ready at {api_url}; stopping",
+                          style="bold red")
                 raise typer.Exit(1)
         console.print(f"tunefarm is up: API {api_url} (docs {api_url}/v1/docs, dashboard "
                       f"{api_url}/ui), 1 tuner, 1 worker ({device_key}); database "
@@ -285,7 +289,7 @@ def _wait(procs: dict[str, subprocess.Popen[bytes]]) -> None:
     while not stop["now"]:
         for name, p in procs.items():
             if p.poll() is not None:
-                err.print(f"[bold red]{name} exited with code {p.returncode}; stopping[/]")
+                err.print(f"{name} exited with code {p.returncode}; stopping", style="bold red")
                 return
         time.sleep(0.5)
 

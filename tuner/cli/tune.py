@@ -10,6 +10,7 @@ from typing import Annotated, Any
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
+from rich.text import Text
 
 from tuner.cli.common import (
     DbOpt,
@@ -66,8 +67,8 @@ def tune(
         store = open_store(db)
     except TunefarmError as exc:
         fail(exc)
-    console.print(f"[bold]{wl.description}[/]  key {wl.key}  on {json.dumps(tgt)}  "
-                  f"({tv.tvm_version()})")
+    console.print(Text.assemble((wl.description, "bold"), f"  key {wl.key}  on {json.dumps(tgt)}  "
+                                f"({tv.tvm_version()})"))
     columns = [TextColumn("[bold blue]tuning"), BarColumn(), MofNCompleteColumn(),
                TextColumn("best {task.fields[best]}  {task.fields[gflops]} GFLOPS  "
                           "{task.fields[last]}"),
@@ -117,7 +118,8 @@ def best(
         sys.stdout.write(json.dumps(rec, indent=2) + "\n")
         return
     cv = f"{rec['cv'] * 100:.1f}%" if rec["cv"] is not None else "-"
-    console.print(f"[bold]{wl.description}[/] on {json.dumps(rec['target'])} ({rec['device_key']})",
+    console.print(Text.assemble((wl.description, "bold"),
+                                f" on {json.dumps(rec['target'])} ({rec['device_key']})"),
                   highlight=False)
     gf = f"{rec['gflops']:.1f} GFLOPS" if rec["gflops"] else "- GFLOPS"
     console.print(f"best: {fmt_s(rec['latency_s'])}  {gf}  "
