@@ -199,6 +199,11 @@ class Template(ABC):
         """The extents a knob's values depend on, for `workload` (rendered by `knobs`)."""
         return {}
 
+    def partial_tiles(self, workload: Workload) -> bool:
+        """Whether a `RegisterTile` knob with `narrow_any` may leave a partial last tile in
+        `workload` (the `partial` of `split`): False where the template cannot guard one."""
+        return True
+
     def knobs(self, workload: Workload | None = None) -> dict[str, dict[str, Any]]:
         """The knob table as JSON; with a workload, the values that apply to it."""
         extents = {} if workload is None else self.knob_extents(workload)
@@ -210,6 +215,9 @@ class Template(ABC):
                                         list(dict.fromkeys(v[name] for v in variants)))
             elif isinstance(knob, Fixed):
                 out[name] = knob.render()
+            elif isinstance(knob, RegisterTile):
+                out[name] = knob.render(extents.get(name), partial=workload is None
+                                        or self.partial_tiles(workload))
             else:
                 out[name] = knob.render(extents.get(name))
         return out

@@ -197,6 +197,10 @@ class _Conv2dX86(_Direct):
     def knob_extents(self, workload: Workload) -> dict[str, int]:
         return {"tile_ow": _match(workload, False).out[3]}
 
+    def partial_tiles(self, workload: Workload) -> bool:
+        # not with output channels padded to BLOCK: see `schedule`
+        return _match(workload, False).out[1] % BLOCK == 0
+
     def schedule(self, sch: Any, workload: Workload, target: Any, *, pad: str, order: str) -> None:
         m = _match(workload, False)
         nchw = self.layout == "NCHW"
@@ -221,7 +225,7 @@ class _Conv2dX86(_Direct):
         # write-back (reverse_compute_inline) replaces the block's predicate, and the write-back
         # of the last tile would lose its column guard (out of bounds: wrong outputs, a
         # corrupted heap)
-        partial = lanes < BLOCK and wpad is None
+        partial = lanes < BLOCK and self.partial_tiles(workload)
         ow0, ow1 = self.split(sch, "tile_ow", ow, narrow=lanes < BLOCK, partial=partial)
         if partial:
             sch.annotate(ow0, "pragma_loop_partition_hint", 1)

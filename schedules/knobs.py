@@ -123,12 +123,13 @@ class RegisterTile:
         fitting = [d for d in divs if lo <= d <= hi]
         return fitting or [max(d for d in divs if d <= hi)]
 
-    def render(self, extent: int | None) -> dict[str, Any]:
+    def render(self, extent: int | None, *, partial: bool = True) -> dict[str, Any]:
+        """The knob as JSON; with `extent`, its choices there (`partial`: as `choices`)."""
         out: dict[str, Any] = {"kind": "categorical"}
         if extent is not None:
             out["choices"] = self.choices(extent)
             if self.narrow:
-                out["choices_narrow"] = self.choices(extent, narrow=True)
+                out["choices_narrow"] = self.choices(extent, narrow=True, partial=partial)
         doc = (f"{self.doc}: the divisors of {self.of} in [{self.lo}, {self.hi}] (else the "
                f"largest divisor <= {self.hi})")
         if self.narrow:

@@ -113,6 +113,9 @@ def test_column_tile_is_narrower_with_16_vector_registers() -> None:
     assert ow_choices(AVX2_X86) == [2, 3, 4, 5, 6, 7]  # any width: the last tile partial
     knob = tmpl.knobs(w)["tile_ow"]
     assert knob["choices"] == [7, 14] and knob["choices_narrow"] == [2, 3, 4, 5, 6, 7]
+    # output channels off the 16 grid (padded): OW's divisors only, as sampled
+    padded = parse_spec({"op": "conv2d", "shape": [1, 16, 14, 14, 24, 3, 3], "padding": [1, 1]})
+    assert tmpl.knobs(padded)["tile_ow"]["choices_narrow"] == [2, 7]
 
 
 @pytest.mark.parametrize("layout,tname", [("NCHW", NCHWC), ("NHWC", NHWC)])
