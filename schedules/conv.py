@@ -167,6 +167,10 @@ class _Conv2dX86(_Direct):
 
     ops = ("conv2d", "tir")
     layout = "NCHW"
+    # F14 (3x3 256->256 at 14^2) on an AVX2 Zen 3, 64 trials: proposals took 13-15 s of a 57-60
+    # s job at 64 against 22-25 s of 64-79 s at 128; the picks timed side by side, median 1.72
+    # ms (3 seeds) against 1.76 (5). F11-F13 as close (bench/RESULTS.md Run AY)
+    population_size = 64
 
     def _why_not(self, m: Any) -> str | None:
         if m.layout != self.layout:
