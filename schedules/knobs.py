@@ -124,7 +124,8 @@ class RegisterTile:
         return fitting or [max(d for d in divs if d <= hi)]
 
     def render(self, extent: int | None, *, partial: bool = True) -> dict[str, Any]:
-        """The knob as JSON; with `extent`, its choices there (`partial`: as `choices`)."""
+        """The knob as JSON; with `extent`, its choices there (`partial`: False where the
+        template cannot guard a partial tile, as in `choices`)."""
         out: dict[str, Any] = {"kind": "categorical"}
         if extent is not None:
             out["choices"] = self.choices(extent)

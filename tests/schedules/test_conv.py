@@ -103,8 +103,8 @@ def test_column_tile_is_narrower_with_16_vector_registers() -> None:
     w = parse_spec({"op": "conv2d", "shape": [1, 16, 14, 14, 32, 3, 3], "padding": [1, 1]})
     tmpl = TEMPLATES[NCHWC]
 
-    def ow_choices(spec: dict[str, Any]) -> list[int]:
-        (sch,) = tmpl.apply(tv.Schedule(w.mod(), seed=1), w, tv.make_target(spec), pad="row",
+    def ow_choices(spec: dict[str, Any], wl: Any = w) -> list[int]:
+        (sch,) = tmpl.apply(tv.Schedule(wl.mod(), seed=1), wl, tv.make_target(spec), pad="row",
                             order="c-outer")
         cands = [i.attrs[0] for i in sch.trace.insts if i.kind.name == "SampleCategorical"]
         return [int(c) for c in cands[0]]  # tile_ow is the first categorical knob
@@ -113,8 +113,9 @@ def test_column_tile_is_narrower_with_16_vector_registers() -> None:
     assert ow_choices(AVX2_X86) == [2, 3, 4, 5, 6, 7]  # any width: the last tile partial
     knob = tmpl.knobs(w)["tile_ow"]
     assert knob["choices"] == [7, 14] and knob["choices_narrow"] == [2, 3, 4, 5, 6, 7]
-    # output channels off the 16 grid (padded): OW's divisors only, as sampled
+    # output channels off the 16 grid (padded): OW's divisors only, sampled and shown
     padded = parse_spec({"op": "conv2d", "shape": [1, 16, 14, 14, 24, 3, 3], "padding": [1, 1]})
+    assert ow_choices(AVX2_X86, padded) == [2, 7]
     assert tmpl.knobs(padded)["tile_ow"]["choices_narrow"] == [2, 7]
 
 
