@@ -202,7 +202,7 @@ class _Conv2dX86(_Direct):
         return {"tile_ow": _match(workload, False).out[3]}
 
     def partial_tiles(self, workload: Workload) -> bool:
-        # not with output channels padded to BLOCK: see `schedule`
+        # not with output channels padded to BLOCK (`schedule`'s wpad): see `schedule`
         return _match(workload, False).out[1] % BLOCK == 0
 
     def schedule(self, sch: Any, workload: Workload, target: Any, *, pad: str, order: str) -> None:
@@ -229,7 +229,7 @@ class _Conv2dX86(_Direct):
         # write-back (reverse_compute_inline) replaces the block's predicate, and the write-back
         # of the last tile would lose its column guard (out of bounds: wrong outputs, a
         # corrupted heap)
-        partial = lanes < BLOCK and self.partial_tiles(workload)
+        partial = lanes < BLOCK and wpad is None  # `partial_tiles`, from the match at hand
         ow0, ow1 = self.split(sch, "tile_ow", ow, narrow=lanes < BLOCK, partial=partial)
         if partial:
             sch.annotate(ow0, "pragma_loop_partition_hint", 1)
