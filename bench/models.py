@@ -224,9 +224,10 @@ def _settings() -> Any:
 
 def _tune_metaschedule(part: Any, n_tasks: int, target: Any, trials: int, work: Path,
                        earlier: dict[str, Any] | None = None) -> tuple[Any, dict[str, Any]]:
-    from tuner.tvm_api import ms, relax, tvm
+    from tuner.tvm_api import load_tensor_intrins, ms, relax, tvm
 
     if earlier is None:
+        load_tensor_intrins("x86")  # the default CPU rules name its VNNI and AVX-512 dots
         t0 = time.monotonic()
         db = ms.relax_integration.tune_relax(
             mod=part, params={}, target=target, work_dir=str(work / "ms"),

@@ -107,6 +107,7 @@ def tune_metaschedule(wl: Any, target: dict[str, Any], trials: int, work_dir: Pa
             number=1, repeat=s.repeats, min_repeat_ms=int(s.min_repeat_ms),
             enable_cpu_cache_flush=s.cache_flush))
     database = ms.database.JSONDatabase(work_dir=str(ms_dir))
+    tv.load_tensor_intrins("x86")  # the default CPU rules name its VNNI and AVX-512 dots
     log(f"    metaschedule: tune_tir, {trials} trials")
     t0 = time.monotonic()
     db = ms.tune_tir(mod=mod, target=tgt, work_dir=str(ms_dir), max_trials_global=trials,

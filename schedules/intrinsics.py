@@ -35,6 +35,8 @@ _FACTORIES: dict[str, Callable[[], tuple[Any, Any]]] = {}
 _PATTERNS = ROW_PATTERNS
 # TVM's own intrinsics by name prefix -> the tvm.s_tir.tensor_intrin module that registers them
 _TVM_MODULES = {"wmma_": "cuda"}
+# ... and by whole name (MetaSchedule's default x86 rules tensorize with these)
+_TVM_NAMES = {"dot_16x4_vnni": "x86", "dot_16x4_avx512": "x86"}
 
 
 def use(name: str) -> str:
@@ -68,6 +70,8 @@ def register_for_trace(trace_json: str) -> None:
     for prefix, module in _TVM_MODULES.items():
         if any(w.startswith(prefix) for w in words):
             load_tensor_intrins(module)
+    for module in {_TVM_NAMES[w] for w in words.intersection(_TVM_NAMES)}:
+        load_tensor_intrins(module)
 
 
 def register_all() -> list[str]:

@@ -349,8 +349,9 @@ def _lazy_tensor_intrin_package() -> None:
     import tvm.s_tir as _s_tir
 
     _s_tir.tensor_intrin = pkg  # type: ignore[attr-defined]
-    # x86's (0.1 s) are named by the default CPU rules, also when a caller runs ms.tune_tir itself
-    importlib.import_module(f"{name}.x86")
+    # x86's two VNNI/AVX-512 dots (0.25-0.45 s: TVMScript parsing) load where MetaSchedule's
+    # default CPU rules are used (`tune_context`, `TunefarmDatabase`) or a trace names them
+    # (`schedules.intrinsics.register_for_trace`), not in every build and measuring process
 
 
 _lazy_tensor_intrin_package()
@@ -379,7 +380,9 @@ def tune_context(mod: Any, target: Any, *, space: Any, strategy: Any, seed: int,
 
     # the default spaces of these targets name intrinsics from these modules (x86: VNNI, ...)
     keys = set(target.keys)
-    for mod_name, needed in (("arm_cpu", "arm_cpu" in keys), ("cuda", "cuda" in keys),
+    default_rules = isinstance(space, str | ms.space_generator.PostOrderApply)
+    for mod_name, needed in (("x86", default_rules and "cpu" in keys),
+                             ("arm_cpu", "arm_cpu" in keys), ("cuda", "cuda" in keys),
                              ("rocm", "rocm" in keys), ("hexagon", "hexagon" in keys)):
         if needed:
             importlib.import_module(f"tvm.s_tir.tensor_intrin.{mod_name}")

@@ -5,6 +5,9 @@ beyond it."""
 from __future__ import annotations
 
 import math
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -110,3 +113,38 @@ def test_a_trace_registers_the_whole_row_intrinsics_it_names_within_bounds() -> 
                                       "row_max_f32x5_n17"))
     with pytest.raises(KeyError, match="no tunefarm intrinsic"):
         use("row_max_f32x16_n64")
+
+
+LAZY_X86 = r"""
+import sys
+from workers.sandbox import warm_imports
+warm_imports()  # what a build or measuring process imports before its first candidate
+from schedules.intrinsics import register_for_trace
+from tuner import tvm_api as tv
+from tuner.workloads import parse_spec
+
+def loaded():
+    return "tvm.s_tir.tensor_intrin.x86" in sys.modules
+
+seen = [loaded()]
+register_for_trace('["Tensorize", "dot_16x4_vnni_llvm22"]')  # tunefarm's own VNNI dot
+seen.append(loaded())
+register_for_trace('["Tensorize", "dot_16x4_vnni"]')  # TVM's, as the default x86 rules name it
+seen.append(loaded() and tv.tvm.s_tir.TensorIntrin.get("dot_16x4_vnni", allow_missing=True)
+            is not None)
+print(seen)
+w = parse_spec({"op": "dense_int8", "shape": [32, 64, 64]})
+ctx = tv.tune_context(w.mod(), tv.make_target({"kind": "llvm", "mcpu": "znver4"}),
+                      space="post-order-apply", strategy="replay-trace", seed=0, num_threads=1)
+print(any("dot_16x4_vnni" in str(s.trace) for s in ctx.generate_design_space()))
+"""
+
+
+def test_tvm_x86_intrinsics_load_only_where_a_trace_or_the_default_rules_name_them() -> None:
+    # parsing them costs every build and measuring process 0.25-0.45 s of its start; MetaSchedule's
+    # default x86 rules fail without them ("TensorIntrin 'dot_16x4_vnni' is not registered")
+    repo = Path(__file__).resolve().parents[2]
+    run = subprocess.run([sys.executable, "-c", LAZY_X86], cwd=repo, capture_output=True,
+                         text=True, timeout=300, check=False)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.split() == ["[False,", "False,", "True]", "True"]

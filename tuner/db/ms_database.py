@@ -40,6 +40,7 @@ from ..tvm_api import (
     Schedule,
     canonical_target_json,
     derived_object,
+    load_tensor_intrins,
     ms,
     shash_hex,
     structural_equal,
@@ -135,6 +136,7 @@ class TunefarmDatabase(ms.database.PyDatabase):
                  ranking: q.Ranking = "mean", same_computation: bool = True,
                  any_target: bool = False) -> None:
         super().__init__()
+        load_tensor_intrins("x86")  # a caller's own ms.tune_tir: its default CPU rules name them
         if ranking not in q.RANKINGS:
             raise ValueError(f"ranking must be one of {', '.join(q.RANKINGS)}, not {ranking!r}")
         self.store = store if isinstance(store, Store) else Store(store)
