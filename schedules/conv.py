@@ -83,6 +83,11 @@ def _match(workload: Workload, depthwise: bool) -> ConvMatch | DepthwiseMatch:
     return m
 
 
+def _pads_channels(m: ConvMatch | DepthwiseMatch) -> bool:
+    """Output channels off the BLOCK grid: padded with zero filters, the write-back predicated."""
+    return m.out[1] % BLOCK != 0
+
+
 class _Direct(StructuralTemplate):
     """What the convolution templates share: matching by structure (`schedules/match_conv.py`),
     the explicit-unroll knob, sampled last, the placement of the padded input, a design space
@@ -202,16 +207,15 @@ class _Conv2dX86(_Direct):
         return {"tile_ow": _match(workload, False).out[3]}
 
     def partial_tiles(self, workload: Workload) -> bool:
-        # not with output channels padded to BLOCK (`schedule`'s wpad): see `schedule`
-        return _match(workload, False).out[1] % BLOCK == 0
+        # not with output channels padded to BLOCK: see `schedule`
+        return not _pads_channels(_match(workload, False))
 
     def schedule(self, sch: Any, workload: Workload, target: Any, *, pad: str, order: str) -> None:
         m = _match(workload, False)
         nchw = self.layout == "NCHW"
         lanes = min(vector_lanes(target, 32), BLOCK)  # L: the packed kernel's block
         conv = sch.get_sblock(m.block)
-        # O off the 16 grid: padded with zero filters, the write-back predicated
-        wpad = _pad_channels(sch, conv, 1 if nchw else 3, BLOCK) if m.out[1] % BLOCK else None
+        wpad = _pad_channels(sch, conv, 1 if nchw else 3, BLOCK) if _pads_channels(m) else None
         epilogue = self._fold_epilogue(sch, m, padded=wpad is not None)
         if nchw:
             pack_weight(sch, conv, 1, lambda o, c, kh, kw: (o // lanes, c, kh, kw, o % lanes),
@@ -229,7 +233,7 @@ class _Conv2dX86(_Direct):
         # write-back (reverse_compute_inline) replaces the block's predicate, and the write-back
         # of the last tile would lose its column guard (out of bounds: wrong outputs, a
         # corrupted heap)
-        partial = lanes < BLOCK and wpad is None  # `partial_tiles`, from the match at hand
+        partial = lanes < BLOCK and not _pads_channels(m)  # as `partial_tiles` says
         ow0, ow1 = self.split(sch, "tile_ow", ow, narrow=lanes < BLOCK, partial=partial)
         if partial:
             sch.annotate(ow0, "pragma_loop_partition_hint", 1)

@@ -34,10 +34,9 @@ _FACTORIES: dict[str, Callable[[], tuple[Any, Any]]] = {}
 # families of names with parameters (whole-row intrinsics: schedules/row_intrinsics.py): a regex
 # over the name -> (match -> (description, implementation), or None for parameters out of range)
 _PATTERNS = ROW_PATTERNS
-# TVM's own intrinsics by name prefix -> the tvm.s_tir.tensor_intrin module that registers them
-_TVM_MODULES = {"wmma_": "cuda"}
-# ... and by whole name (MetaSchedule's default x86 rules tensorize with these)
-_TVM_NAMES = {"dot_16x4_vnni": "x86", "dot_16x4_avx512": "x86"}
+# TVM's own intrinsics (a pattern of their names) -> the tvm.s_tir.tensor_intrin module that
+# registers them (x86: the two dots MetaSchedule's default CPU rules tensorize with)
+_TVM_MODULES = {re.compile(r"wmma_\w+"): "cuda", re.compile(r"dot_16x4_(vnni|avx512)"): "x86"}
 
 
 def use(name: str) -> str:
@@ -68,11 +67,9 @@ def register_for_trace(trace_json: str) -> None:
         if any(pattern.fullmatch(word) for pattern, _ in _PATTERNS):
             with contextlib.suppress(KeyError):  # out of range: the replay says what is missing
                 use(word)
-    for prefix, module in _TVM_MODULES.items():
-        if any(w.startswith(prefix) for w in words):
+    for pattern, module in _TVM_MODULES.items():
+        if any(pattern.fullmatch(w) for w in words):
             load_tensor_intrins(module)
-    for module in {_TVM_NAMES[w] for w in words.intersection(_TVM_NAMES)}:
-        load_tensor_intrins(module)
 
 
 def register_all() -> list[str]:

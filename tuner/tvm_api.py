@@ -376,8 +376,6 @@ def sample_init_population(strategy: Any, n: int) -> list[Any]:
 
 def tune_context(mod: Any, target: Any, *, space: Any, strategy: Any, seed: int,
                  num_threads: int, task_name: str = "main") -> Any:
-    import importlib
-
     # the default spaces of these targets name intrinsics from these modules (x86: VNNI, ...)
     keys = set(target.keys)
     default_rules = isinstance(space, str | ms.space_generator.PostOrderApply)
@@ -385,7 +383,7 @@ def tune_context(mod: Any, target: Any, *, space: Any, strategy: Any, seed: int,
                              ("arm_cpu", "arm_cpu" in keys), ("cuda", "cuda" in keys),
                              ("rocm", "rocm" in keys), ("hexagon", "hexagon" in keys)):
         if needed:
-            importlib.import_module(f"tvm.s_tir.tensor_intrin.{mod_name}")
+            load_tensor_intrins(mod_name)
     return ms.TuneContext(mod=mod, target=target, space_generator=space, search_strategy=strategy,
                           task_name=task_name, rand_state=seed, num_threads=num_threads)
 
