@@ -35,7 +35,7 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -51,10 +51,10 @@ from tuner.db.store import NewRecord, Store
 from tuner.errors import JobHandedOff, TunefarmError
 from tuner.measure import Invalidity, MeasureInput, Measurer, MeasureResult, gflops
 from tuner.search import farm_model, transfer
-from tuner.search.costmodel import XGBCostModel
 from tuner.search.history import seed_database, trained_cost_model
 from tuner.search.request import Progress, TuneRequest, TuneSummary, trial_id
 from tuner.search.sampling import interleave, sample_space
+from tuner.search.state import Best, Pick, Run, Search
 
 MAX_LOST_IN_A_ROW = 3  # consecutive infrastructure failures before the job fails
 
@@ -121,7 +121,7 @@ class Tuner:
             raise
         return self._finish(run)
 
-    def _start(self, req: TuneRequest) -> _Run:
+    def _start(self, req: TuneRequest) -> Run:
         """The job of `req` (found, resumed or created) with its committed trials counted, and
         RUNNING; or `over` (cancelled, budget already spent) in its final state."""
         t0 = time.monotonic()
@@ -132,10 +132,10 @@ class Tuner:
         job = self._job(req, wid, tref)
         done = sum(1 for r in self.store.records(job_id=job.id)
                    if r.invalidity != Invalidity.WORKER_LOST)
-        best = next((_Best(r.trial_id, r.median_s) for r in self.store.best(wid, tref.id, k=1)
+        best = next((Best(r.trial_id, r.median_s) for r in self.store.best(wid, tref.id, k=1)
                      if r.median_s is not None), None)
-        run = _Run(req=req, job_id=job.id, wid=wid, tref=tref, target=target, space=space,
-                   t0=t0, done=done, best=best, best_at=done)
+        run = Run(req=req, job_id=job.id, wid=wid, tref=tref, target=target, space=space,
+                  t0=t0, done=done, best=best, best_at=done)
         reopen = req.job_id is None  # the CLI resumes and extends finished jobs
         if job.state is JobState.CANCELLING:
             self.store.set_job_state(job.id, JobState.CANCELLED)
@@ -152,7 +152,7 @@ class Tuner:
             self._report(run, message="resuming" if done else "starting")
         return run
 
-    def _search(self, run: _Run) -> _Search:
+    def _search(self, run: Run) -> Search:
         """The tune context, the cost model and the evolutionary search, ready to propose."""
         req = run.req
         mod = req.workload.mod()
@@ -176,11 +176,11 @@ class Tuner:
             related = [t.cand for t in transfer.candidates(
                 self.store, run.tref, run.wid, req.space, ctx, args_info,
                 transfer.share(req.batch_size), flops=req.workload.flops)]
-        return _Search(ctx=ctx, strategy=strategy, model=model, memdb=memdb, token=token,
-                       args_info=args_info, measured=set(self.store.measured(run.wid, run.tref.id)),
-                       related=related)
+        return Search(ctx=ctx, strategy=strategy, model=model, memdb=memdb, token=token,
+                      args_info=args_info, measured=set(self.store.measured(run.wid, run.tref.id)),
+                      related=related)
 
-    def _propose(self, run: _Run, search: _Search) -> list[_Pick] | None:
+    def _propose(self, run: Run, search: Search) -> list[Pick] | None:
         """The next batch: candidates never measured on this workload and target (none in a
         batch twice), at most the batch size and the budget left. None (with `run.stop`) when
         the search has nothing new to offer."""
@@ -218,16 +218,16 @@ class Tuner:
             return None
         feats = search.model.features(search.ctx, [c for c, _ in fresh])
         predicted = search.model.predicted_latency(feats, run.best.median_s if run.best else None)
-        return [_Pick(c, h, x, self._input(req, run.job_id, c, h, x, run.wid, run.tref.id, p))
+        return [Pick(c, h, x, self._input(req, run.job_id, c, h, x, run.wid, run.tref.id, p))
                 for (c, h), x, p in zip(fresh, feats, predicted, strict=True)]
 
-    def _measure_batch(self, run: _Run, search: _Search,
-                       picks: list[_Pick]) -> tuple[list[tuple[_Pick, MeasureResult]], str | None]:
+    def _measure_batch(self, run: Run, search: Search,
+                       picks: list[Pick]) -> tuple[list[tuple[Pick, MeasureResult]], str | None]:
         """Measure a batch (prepared as a whole, e.g. built in parallel), committing each result
         as it arrives. Returns the measured picks (infrastructure failures left out: they may
         come back, never train) and why the run must stop now, if it must."""
         self.measurer.prepare([p.inp for p in picks])
-        measured: list[tuple[_Pick, MeasureResult]] = []
+        measured: list[tuple[Pick, MeasureResult]] = []
         halt: str | None = None
         for p in picks:
             opts = replace(run.req.options, verify_below_s=run.best.median_s if run.best else None)
@@ -244,7 +244,7 @@ class Tuner:
                 break
         return measured, halt
 
-    def _commit(self, run: _Run, search: _Search, pick: _Pick, res: MeasureResult) -> None:
+    def _commit(self, run: Run, search: Search, pick: Pick, res: MeasureResult) -> None:
         """A measured trial (its record is already written): count it, give a valid one to the
         search's database, update the best and report progress."""
         search.measured.add(pick.cand_hash)
@@ -255,13 +255,13 @@ class Tuner:
                 trace=pick.cand.sch.trace, workload=search.token, run_secs=[res.median_s],
                 target=run.target, args_info=search.args_info))
             if run.best is None or res.median_s < run.best.median_s:
-                run.best = _Best(res.trial_id, res.median_s)
+                run.best = Best(res.trial_id, res.median_s)
                 run.best_at = run.done
         self._report(run, res)
 
     @staticmethod
-    def _learn(run: _Run, search: _Search,
-               measured: list[tuple[_Pick, MeasureResult]]) -> None:
+    def _learn(run: Run, search: Search,
+               measured: list[tuple[Pick, MeasureResult]]) -> None:
         """Retrain the cost model on the batch's results and tell the search what was measured
         (a failure as a very slow run)."""
         lats = [res.median_s if res.ok else None for _, res in measured]
@@ -273,10 +273,10 @@ class Tuner:
             [tv.ms.runner.RunnerResult(run_secs=[lat or 1e10], error_msg=None) for lat in lats])
 
     @staticmethod
-    def _early_stop(run: _Run) -> bool:
+    def _early_stop(run: Run) -> bool:
         return bool(run.req.early_stop and run.done - run.best_at >= run.req.early_stop)
 
-    def _stopping(self, run: _Run, halt: str | None) -> bool:
+    def _stopping(self, run: Run, halt: str | None) -> bool:
         """After a batch: must the run stop (`should_stop` said so, or early stopping)?"""
         if halt:
             run.stop = halt
@@ -287,14 +287,14 @@ class Tuner:
             return True
         return False
 
-    def _finish(self, run: _Run) -> TuneSummary:
+    def _finish(self, run: Run) -> TuneSummary:
         self.store.set_job_state(run.job_id, run.final)
         self._report(run, message=run.stop)
         if run.measured_now and get_settings().cost_model_transfer:
             farm_model.refresh_after_job(self.store, run.tref)
         return self._summary(run)
 
-    def _report(self, run: _Run, last: MeasureResult | None = None, message: str = "") -> None:
+    def _report(self, run: Run, last: MeasureResult | None = None, message: str = "") -> None:
         best_s = run.best.median_s if run.best is not None else None
         self.on_progress(Progress(run.job_id, run.done, run.req.trials, best_s,
                                   gflops(run.req.workload.flops, best_s), last, message))
@@ -337,7 +337,7 @@ class Tuner:
                                     f"the kernel (worker_lost); last: {res.error_msg}")
         return res
 
-    def _summary(self, run: _Run) -> TuneSummary:
+    def _summary(self, run: Run) -> TuneSummary:
         best = next(iter(self.store.best(run.wid, run.tref.id, k=1)), None)
         counts = Counter(str(r.invalidity) for r in self.store.records(job_id=run.job_id))
         return TuneSummary(
@@ -348,56 +348,3 @@ class Tuner:
             best_s=best.median_s if best else None,
             best_gflops=gflops(run.req.workload.flops, best.median_s) if best else None,
             counts=dict(counts))
-
-
-@dataclass
-class _Best:
-    trial_id: str
-    median_s: float
-
-
-@dataclass
-class _Run:
-    """One run of a job: what the steps of `Tuner.run` share and update."""
-
-    req: TuneRequest  # with the space resolved
-    job_id: str
-    wid: int
-    tref: TargetRef
-    target: Any  # tvm Target
-    space: Any  # the space's SpaceGenerator (or its shorthand)
-    t0: float  # monotonic
-    done: int  # the job's measured trials (infrastructure failures left out)
-    best: _Best | None  # the fastest valid record of the workload on the target (any job)
-    best_at: int  # `done` when the best was found (early stopping)
-    measured_now: int = 0
-    dups: int = 0  # proposals dropped as already measured
-    over: bool = False  # nothing to measure: `_start` left the job in its final state
-    stop: str = "budget reached"
-    final: JobState = JobState.SUCCEEDED
-
-
-@dataclass
-class _Search:
-    """The search side of a run: MetaSchedule's tune context and evolutionary search, tunefarm's
-    cost model, the database seeding the population, and every candidate hash measured so far."""
-
-    ctx: Any
-    strategy: Any
-    model: XGBCostModel
-    memdb: Any
-    token: Any  # the workload's token in `memdb`
-    args_info: Any
-    measured: set[str]
-    related: list[Any]  # the first batch's head: schedules of related workloads (transfer)
-    dup_batches: int = 0  # batches in a row with nothing new
-
-
-@dataclass(frozen=True)
-class _Pick:
-    """A proposed candidate to measure: its schedule, hash, features and input."""
-
-    cand: Any  # ms.MeasureCandidate
-    cand_hash: str
-    features: np.ndarray
-    inp: MeasureInput

@@ -1,0 +1,70 @@
+"""What the steps of one `Tuner.run` share (tuner.search.loop): the run (`Run`), its search
+(`Search`), the best so far (`Best`) and each proposed candidate (`Pick`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from tuner.db.models import JobState
+from tuner.db.rows import TargetRef
+from tuner.measure import MeasureInput
+from tuner.search.costmodel import XGBCostModel
+from tuner.search.request import TuneRequest
+
+
+@dataclass
+class Best:
+    """The fastest valid record so far: its trial and median."""
+
+    trial_id: str
+    median_s: float
+
+
+@dataclass
+class Run:
+    """One run of a job: what the steps of `Tuner.run` share and update."""
+
+    req: TuneRequest  # with the space resolved
+    job_id: str
+    wid: int
+    tref: TargetRef
+    target: Any  # tvm Target
+    space: Any  # the space's SpaceGenerator (or its shorthand)
+    t0: float  # monotonic
+    done: int  # the job's measured trials (infrastructure failures left out)
+    best: Best | None  # the fastest valid record of the workload on the target (any job)
+    best_at: int  # `done` when the best was found (early stopping)
+    measured_now: int = 0
+    dups: int = 0  # proposals dropped as already measured
+    over: bool = False  # nothing to measure: `_start` left the job in its final state
+    stop: str = "budget reached"
+    final: JobState = JobState.SUCCEEDED
+
+
+@dataclass
+class Search:
+    """The search side of a run: MetaSchedule's tune context and evolutionary search, tunefarm's
+    cost model, the database seeding the population, and every candidate hash measured so far."""
+
+    ctx: Any
+    strategy: Any
+    model: XGBCostModel
+    memdb: Any
+    token: Any  # the workload's token in `memdb`
+    args_info: Any
+    measured: set[str]
+    related: list[Any]  # the first batch's head: schedules of related workloads (transfer)
+    dup_batches: int = 0  # batches in a row with nothing new
+
+
+@dataclass(frozen=True)
+class Pick:
+    """A proposed candidate to measure: its schedule, hash, features and input."""
+
+    cand: Any  # ms.MeasureCandidate
+    cand_hash: str
+    features: np.ndarray
+    inp: MeasureInput
