@@ -21,7 +21,13 @@ odd widths (measured on 2 Zen 5 cores, RMS norm 128×1026 at 64 × 2 rows, `benc
   9.7, 5.8 and 6.5 µs, as a loop, unrolled);
 - the normalisation is one vector of the whole row, which LLVM splits into legal ones, or a plain
   loop that LLVM's loop vectorizer takes (knob `normalise`; the vector beat 15-lane steps, 18
-  against 28 µs on 256×390; with 27 partials, unrolled: vector 7.7, loop 5.8 µs);
+  against 28 µs on 256×390; with 27 partials, unrolled: vector 7.7, loop 5.8 µs), or vectors
+  of the target's width with the last one partial and peeled off (`peeled`). On 2 Xeon
+  (Emerald Rapids) cores the whole row's speed depends on where the output lies against the
+  input (RMS norm 128×1026: 12.2–15.5 µs over 16 page offsets of the output, MetaSchedule's
+  kernel 12.2–13.3), the peeled vectors' much less (10.6–12.7); tuned with it, that task's
+  picks read 0.89–0.90× MetaSchedule's kernel over 24 random placements, 0.97–1.04× without
+  it (bench/RESULTS.md Run BB);
 - the row's loops are unrolled or not (knob `unroll`): 7.2 → 5.8 µs with 27 partials and the
   loop (the unrolled kernel's assembly has half the lane inserts that assemble odd-width
   vectors, 76 against 152, and 21 stack accesses against 52);
@@ -65,7 +71,7 @@ from tuner.workloads import Workload
 
 MAX_ROWS_PER_TASK = 16
 ACCUMULATORS = ("1", "2", "4")
-NORMALISE = ("vector", "loop")
+NORMALISE = ("vector", "loop", "peeled")
 SUMS = ("divisors", "tail")
 TAIL_ACCUMULATORS = ("1", "2")  # 4 (64 partials) measured slower on a row of 1026
 
@@ -127,8 +133,9 @@ class NormX86(StructuralTemplate):
                    "rows in parallel, each row's sums as vector partials with a log-tree "
                    "horizontal reduction, the normalisation vectorized. Rows off the 4 grid: "
                    "partials of the row's largest divisor up to 16, 32 or 64 lanes, the "
-                   "normalisation a vector or a loop for LLVM, unrolled or not; or the sums "
-                   "in passes of their own, in whole vectors and a predicated last one.")
+                   "normalisation a vector, a loop for LLVM or peeled vectors, unrolled or "
+                   "not; or the sums in passes of their own, in whole vectors and a "
+                   "predicated last one.")
     tensorize = False
     population_size = 16  # small spaces: the rows knob's divisors (x unroll off the 4 grid)
     KNOBS = knob_table(
@@ -140,8 +147,10 @@ class NormX86(StructuralTemplate):
                                                    "grid, partials of the row's largest divisor "
                                                    "up to 16 lanes per accumulator"),
         normalise=DesignSpace(NORMALISE, doc="off the 4 grid: the normalisation as one vector "
-                                             "of the whole row, or a loop left to LLVM's loop "
-                                             "vectorizer (on the grid: vectors of the lanes)"),
+                                             "of the whole row, a loop left to LLVM's loop "
+                                             "vectorizer, or vectors of the target's width "
+                                             "with the last one peeled (on the grid: vectors "
+                                             "of the lanes)"),
         unroll=Categorical((0, 512), doc="off the 4 grid: the explicit unroll depth of a "
                                          "row's loops (pragma_auto_unroll_max_step)"),
         sums=DesignSpace(SUMS, doc="off the 4 grid: the row sums as partials of the row's "
@@ -223,6 +232,8 @@ class NormX86(StructuralTemplate):
                 sch.vectorize(j1)
             elif normalise == "vector":  # LLVM splits the whole row into full vectors
                 sch.vectorize(j)
+            elif normalise == "peeled":
+                _peeled_vectors(sch, *sch.split(j, [None, vector_lanes(target, 32)]))
         for chain in chains.values():
             # loops under r1: row, reduced, one per lane bit (rf stage s has s + 1 bits)
             for bits, rf in enumerate(chain[1:], start=1):

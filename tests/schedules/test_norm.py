@@ -63,7 +63,7 @@ def test_the_norm_space_lists_its_knobs() -> None:
     knobs = registry.TEMPLATES["norm-x86"].knobs(wl)
     assert knobs["rows"]["kind"] == "perfect_tile" and knobs["rows"]["extent"] == 8, knobs
     assert knobs["accumulators"]["choices"] == ["1", "2", "4"]
-    assert knobs["normalise"]["choices"] == ["vector"]  # "loop" too off the 4 grid
+    assert knobs["normalise"]["choices"] == ["vector"]  # "loop" and "peeled" too off the 4 grid
     assert knobs["unroll"]["choices"] == [0, 512]
 
 
@@ -115,7 +115,8 @@ def test_rows_off_the_vector_grid_keep_the_template_in_odd_vectors(
     variants = tpl.design_variants(wl)
     assert [(v["accumulators"], v["normalise"]) for v in variants
             if v["sums"] == "divisors"] == [
-        (acc, form) for acc in ("1", "2", "4")[:len(counts)] for form in ("vector", "loop")]
+        (acc, form) for acc in ("1", "2", "4")[:len(counts)]
+        for form in ("vector", "loop", "peeled")]
     points = sample_points(registry.space_generator("norm-x86", wl, X86), wl, X86, n=2)
     assert len(points) == 2 * len(variants)  # two per design space, in the order of the variants
     for i, sch in enumerate(points):
@@ -129,11 +130,17 @@ def test_rows_off_the_vector_grid_keep_the_template_in_odd_vectors(
         partials = counts[ACCUMULATORS.index(v["accumulators"])]
         assert (f"T.vectorized({partials})" in text
                 or f"T.vectorized(T.int64({partials}))" in text), (partials, text)
-        # ... and the normalisation: the whole row as one vector, or a loop left to LLVM
-        row = sch.get(sch.get_loops(sch.get_sblock(out))[-1])
-        assert int(row.extent) == shape[-1]
+        # ... and the normalisation: the whole row as one vector, a loop left to LLVM, or
+        # vectors of the target's width, the last one partial and peeled off
+        *_, steps, row = (sch.get(lp) for lp in sch.get_loops(sch.get_sblock(out)))
         vectorized = row.kind == tv.tvm.tirx.ForKind.VECTORIZED
-        assert vectorized == (v["normalise"] == "vector"), (v, text)
+        if v["normalise"] == "peeled":
+            assert vectorized and int(row.extent) == width, (v, text)
+            assert int(steps.extent) == -(-shape[-1] // width), (v, text)
+            assert steps.annotations.get("pragma_loop_partition_hint") == 1, (v, text)
+        else:
+            assert int(row.extent) == shape[-1]
+            assert vectorized == (v["normalise"] == "vector"), (v, text)
         check_outputs(sch, wl, X86)
 
 
