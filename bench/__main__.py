@@ -46,6 +46,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--rounds", type=int, default=5, help="timing rounds; the median is kept (5)")
     p.add_argument("--min-ms", type=float, default=100.0,
                    help="each timing repeats the call for at least this long (100)")
+    p.add_argument("--placements", type=int, default=0,
+                   help="time the picks saved in --out by an earlier run (same --trials and "
+                        "target) over this many random placements of their arguments "
+                        "(bench/placements.py) instead of tuning")
     p.add_argument("--skip-ms", action="store_true", help="do not tune with plain MetaSchedule")
     p.add_argument("--no-torch", action="store_true", help="do not time PyTorch")
     p.add_argument("--reuse-tuning", action="store_true",
@@ -96,6 +100,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.suite == "public" and "--suite" not in (argv or sys.argv):
             args.suite = "public,fused"
         return run_transfer(args)
+    if args.placements:
+        from .placements import run_placements
+
+        return run_placements(args)
     if args.suite == "models":
         from .models import run_models
 

@@ -66,6 +66,29 @@ def test_bench_runs_a_tiny_suite_and_reports_every_column(tmp_path: Path) -> Non
     assert "| " + " | ".join(doc["columns"]) + " |" in md
     assert "| S1 matmul 64³ |" in md and "Geometric mean of tunefarm/MS" in md
 
+    # the two picks saved there, timed again over placements of their arguments
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench", "--suite", str(suite), "--trials", "2", "--min-ms", "2",
+         "--placements", "3", "--out", str(out)],
+        cwd=REPO, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    (p,) = json.loads((out / "placements.json").read_text())["workloads"]
+    assert p["id"] == "S1" and len(p["offsets"]) == 3
+    assert all(0 <= off < 4096 and off % 64 == 0 for where in p["offsets"] for off in where)
+    for name in ("tunefarm", "metaschedule"):
+        assert len(p["times_s"][name]) == 3 and all(t > 0 for t in p["times_s"][name])
+    assert p["tunefarm/metaschedule"] == pytest.approx(
+        p["median_s"]["tunefarm"] / p["median_s"]["metaschedule"])
+    assert "| S1 matmul 64³ |" in (out / "placements.md").read_text()
+
+    # a budget nothing was saved for: a clear error, not a traceback
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench", "--suite", str(suite), "--trials", "3", "--min-ms", "2",
+         "--placements", "3", "--out", str(out)],
+        cwd=REPO, capture_output=True, text=True, timeout=240)
+    assert proc.returncode != 0 and "no saved tunefarm pick" in proc.stderr, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr
+
 
 def test_the_transfer_benchmark_runs_leave_one_out_and_judges_side_by_side(
         tmp_path: Path) -> None:
