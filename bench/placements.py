@@ -3,8 +3,8 @@
 --trials and target) timed over fresh placements of their arguments.
 
 The suite times each kernel on one set of arguments, wherever the allocator put them. Some
-kernels' speed depends on where their tensors start in a page against each other (a Xeon's
-4K aliasing: the stores of one row against the loads of the next), so one placement can favour
+kernels' speed depends on where their tensors start in a page against each other (on a Xeon,
+likely 4K aliasing of the output's stores with the input's loads), so one placement can favour
 either kernel (bench/RESULTS.md Runs AX and BB: F24's pick 12.2-15.5 µs over 16 offsets of its
 output). Here every round draws one page offset (a 64-byte step) per argument, copies each
 kernel's arguments there (numpy buffers shared with TVM through DLPack, so that the kernel reads
