@@ -66,6 +66,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.trials < 1 or args.rounds < 1 or args.min_ms <= 0 or args.threads < 1:
         p.error("--trials, --rounds, --threads must be >= 1 and --min-ms > 0")
+    if args.placements < 0:
+        p.error("--placements must be >= 1 (0: tune and time as usual)")
     return args
 
 

@@ -42,13 +42,15 @@ class TvmKernel:
         for a in self.args[-self.n_out:]:
             a.copyfrom(np.zeros(a.shape, a.dtype))
 
-    def evaluator(self, number: int, min_ms: float) -> Any:
-        """Seconds per call, averaged over one run of >= min_ms (TVM grows `number` if needed)."""
+    def evaluator(self, number: int, min_ms: float, args: list[Any] | None = None) -> Any:
+        """Seconds per call, averaged over one run of >= min_ms (TVM grows `number` if needed),
+        on `args` (default: the kernel's own)."""
         from tuner import tvm_api as tv
 
         ev = self.rt.time_evaluator("main", tv.tvm.cpu(0), number=number, repeat=1,
                                     min_repeat_ms=int(np.ceil(min_ms)))
-        return lambda: float(ev(*self.args).mean)
+        on = self.args if args is None else args
+        return lambda: float(ev(*on).mean)
 
 
 def prepare(sched_mod: Any, wl: Any, inputs: list[np.ndarray], target: Any) -> TvmKernel:
