@@ -57,7 +57,7 @@ def tune_model(
     this machine (run it again to go on after an interruption), or with --api on the service's
     farm (the tasks are extracted here; the service never sees the model file)."""
     from tuner.measure import MeasureOptions
-    from tuner.model.job import ModelProgress, ModelRequest, ModelTuner
+    from tuner.model.job import ModelProgress, ModelRequest, ModelTuner, vet_tasks
     from tuner.model.load import load_model
     from tuner.model.pipeline import extract, partition
     from workers.local import LocalMeasurer
@@ -69,11 +69,17 @@ def tune_model(
         if not tasks:
             raise SpecError(f"{model} has no operator to tune", field="model")
         if api is not None:
+            # the service refuses what the `tir` checks refuse: such tasks stay out of the job
+            kept, _, refused = vet_tasks(tasks)
+            if refused:
+                console.print(_untuned_table(refused))
+            if not kept:
+                raise SpecError(f"{model}: no task of the model can be tuned", field="model")
             body = {"name": model.name, "target": tgt, "device_key": device_key,
                     "trials": trials, "round_trials": round_trials, "seed": seed,
                     "wall_budget_s": wall_budget_s,
                     "tasks": [{"name": t.name, "weight": t.weight, "tvmscript": t.func.script()}
-                              for t in tasks]}
+                              for t in kept]}
             _tune_on_service(api, token, {k: v for k, v in body.items() if v is not None},
                              follow)
             return
@@ -98,11 +104,22 @@ def tune_model(
             summary = ModelTuner(store, measurer, on_progress=on_progress).run(req)
         except TunefarmError as exc:
             fail(exc)
-    console.print(_tasks_table(summary.tasks, "model tuning summary"))
+    if summary.tasks:
+        console.print(_tasks_table(summary.tasks, "model tuning summary"))
+    if summary.untuned:
+        console.print(_untuned_table(summary.untuned))
     console.print(f"estimated model latency {fmt_s(summary.first_estimate_s)} -> "
                   f"{fmt_s(summary.estimate_s)}; {summary.trials} trials in {summary.rounds} "
                   f"rounds, {summary.wall_s:.1f} s ({summary.stop_reason})",
                   highlight=False, soft_wrap=True)
+
+
+def _untuned_table(untuned: list[Any]) -> Table:
+    table = Table("task", "calls", "why", title="tasks without a tuned schedule (relax's "
+                  "default loops in the build)", title_style="bold yellow")
+    for u in untuned:
+        table.add_row(Text(u.name), str(u.weight), Text(u.reason))
+    return table
 
 
 def _tune_on_service(api: str, token: str | None, body: dict[str, Any], follow: bool) -> None:
@@ -186,8 +203,19 @@ def build(
     tuned = len(built.tasks) - len(built.untuned)
     console.print(f"wrote {output}: {tuned} of {len(built.tasks)} tasks with a tuned schedule",
                   highlight=False, soft_wrap=True)
-    for name in built.untuned:
-        console.print(f"  no record, default schedule: {name}", highlight=False, soft_wrap=True)
+    if built.untuned:
+        table = Table("task", "calls", title="tasks without a record: relax's default loops "
+                      "(one thread, no vectors)", title_style="bold yellow")
+        for t in built.tasks:
+            if t.name in built.untuned:
+                table.add_row(Text(t.name), str(t.weight))
+        console.print(table)
+        share = built.untuned_share
+        console.print(Text(f"warning: {share:.0%} of the model's operations run in tasks "
+                           "without a tuned schedule" + (
+                               ": the library is likely far slower than tuned; run tune-model "
+                               "again with more --trials" if share >= 0.05 else ""),
+                           style="bold yellow" if share >= 0.05 else "yellow"), soft_wrap=True)
 
 
 def db_export(

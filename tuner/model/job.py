@@ -7,13 +7,19 @@ here this process runs each round's task job itself through the one job path
 it stopped: the latest model job of the same tasks, target and space is resumed (its budget set
 to the new `trials`), a round cut short goes on from its committed records. Tasks already tuned
 on this target start from what they have.
+
+A task never ends the model job: a task the `tir` checks refuse (`vet_tasks`) is left out of it
+with its reason, and a task job that fails is recorded FAILED with its error, and the other tasks
+go on; the summary lists both (`ModelSummary.untuned`), and `build` gives them relax's default
+loops.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
@@ -23,7 +29,7 @@ from ..db import model_jobs
 from ..db.catalog import register_workload
 from ..db.jobs import LOCAL_OWNER, JobOptions
 from ..db.store import Store
-from ..errors import TunefarmError
+from ..errors import JobHandedOff, TunefarmError
 from ..measure import MeasureOptions, Measurer
 from ..search import Tuner, TuneRequest
 from ..tvm_api import canonical_target_json, make_target
@@ -66,8 +72,17 @@ class ModelProgress:
 
 
 @dataclass(frozen=True)
+class Untuned:
+    """A task without a tuned schedule, and why (the build gives it relax's default loops)."""
+
+    name: str
+    weight: int
+    reason: str
+
+
+@dataclass(frozen=True)
 class ModelSummary:
-    model_id: str
+    model_id: str  # "" when no task could be tuned
     trials: int
     rounds: int
     first_estimate_s: float | None
@@ -75,11 +90,29 @@ class ModelSummary:
     wall_s: float
     stop_reason: str
     tasks: list[TaskProgress]
+    untuned: list[Untuned] = field(default_factory=list)
 
 
 def task_workloads(tasks: list[ModelTask]) -> list[Workload]:
     """Each task's PrimFunc as a `tir` workload (what the service is sent)."""
     return [parse_spec({"op": "tir", "tvmscript": t.func.script()}) for t in tasks]
+
+
+def vet_tasks(tasks: list[ModelTask]) -> tuple[list[ModelTask], list[Workload], list[Untuned]]:
+    """(the tasks the `tir` checks accept, their workloads, the others with the reason)."""
+    kept: list[ModelTask] = []
+    workloads: list[Workload] = []
+    refused: list[Untuned] = []
+    for t in tasks:
+        try:
+            wl = parse_spec({"op": "tir", "tvmscript": t.func.script()})
+        except TunefarmError as exc:
+            _log.warning("model task %s refused: %s", t.name, exc)
+            refused.append(Untuned(t.name, t.weight, f"refused: {exc}"))
+            continue
+        kept.append(t)
+        workloads.append(wl)
+    return kept, workloads, refused
 
 
 def progress(model: model_jobs.ModelRow, message: str) -> ModelProgress:
@@ -96,6 +129,22 @@ def first_estimate(model: model_jobs.ModelRow) -> float | None:
     return next((e for _, e in model.estimates if e is not None), None)
 
 
+_log = logging.getLogger(__name__)
+
+
+def _untuned(model: model_jobs.ModelRow, errors: dict[str, str]) -> list[Untuned]:
+    """The model's tasks that have no valid record on the target, with the reason."""
+    out = []
+    for t in model.tasks:
+        if t.best_s is not None:
+            continue
+        why = errors.get(t.name) or (
+            "not measured (the budget went to other tasks)" if t.trials == 0
+            else f"no valid program in {t.trials} trials ({t.space})")
+        out.append(Untuned(t.name, t.weight, why))
+    return out
+
+
 class ModelTuner:
     """Tunes a model's tasks with one `Measurer` (the embedded engine's, here)."""
 
@@ -106,7 +155,11 @@ class ModelTuner:
 
     def run(self, req: ModelRequest) -> ModelSummary:
         t0 = time.monotonic()
-        workloads = task_workloads(req.tasks)
+        tasks, workloads, refused = vet_tasks(req.tasks)
+        if not tasks:
+            return ModelSummary("", 0, 0, None, None, time.monotonic() - t0,
+                                "no task could be tuned", [], refused)
+        req = replace(req, tasks=tasks)
         model = self._create(req, workloads)
         self.on_progress(progress(model, "resuming" if model.spent else "starting"))
 
@@ -116,6 +169,7 @@ class ModelTuner:
 
         tuner = Tuner(self.store, self.measurer)
         rounds = 0
+        errors: dict[str, str] = {}  # task name -> why its task job failed
         while True:
             step = model_jobs.advance(self.store, model.id, gradient_plan, time_left_s=time_left)
             if step.job_id is None:
@@ -125,18 +179,25 @@ class ModelTuner:
             task = next((t for t in model.tasks if t.job_id == step.job_id), None)
             if job is None or task is None:
                 raise TunefarmError(f"model job {model.id}: no task job {step.job_id!r}")
-            summary = tuner.run(TuneRequest(
-                workload=workloads[task.idx], target=req.target, trials=job.trials,
-                device_key=req.device_key, space=task.space, batch_size=req.batch_size,
-                seed=req.seed, options=req.options, job_id=job.id))
+            try:
+                summary = tuner.run(TuneRequest(
+                    workload=workloads[task.idx], target=req.target, trials=job.trials,
+                    device_key=req.device_key, space=task.space, batch_size=req.batch_size,
+                    seed=req.seed, options=req.options, job_id=job.id))
+                done = f"+{summary.measured_now} trials ({summary.stop_reason})"
+            except (JobHandedOff, KeyboardInterrupt):
+                raise
+            except Exception as exc:  # the task job is FAILED (Tuner.run); the others go on
+                _log.warning("model task %s failed: %s: %s", task.name, type(exc).__name__, exc)
+                errors[task.name] = f"failed: {type(exc).__name__}: {exc}"[:500]
+                done = f"failed ({type(exc).__name__}); the other tasks go on"
             rounds += 1
             model = model_jobs.get_model(self.store, model.id)
-            self.on_progress(progress(model, f"{task.name}: +{summary.measured_now} trials "
-                                             f"({summary.stop_reason})"))
+            self.on_progress(progress(model, f"{task.name}: {done}"))
         model = model_jobs.get_model(self.store, model.id)
         return ModelSummary(model.id, model.spent, rounds, first_estimate(model),
                             model.estimate_s, time.monotonic() - t0, model.message,
-                            tasks_of(model))
+                            tasks_of(model), refused + _untuned(model, errors))
 
     def _create(self, req: ModelRequest, workloads: list[Workload]) -> model_jobs.ModelRow:
         """The model job of `req` (resumed if this machine ran it before)."""

@@ -2,8 +2,10 @@
 tasks tuned are exactly the PrimFuncs the build looks up:
 
     partition   DecomposeOpsForInference, CanonicalizeBindings, LegalizeOps,
-                AnnotateTIROpPattern, FoldConstant, FuseOps, FuseTIR, and
-                AttachAttrLayoutFreeBuffers (weights bound as constants may be packed)
+                AnnotateTIROpPattern, FoldConstant, FuseOps, FuseTIR,
+                AttachAttrLayoutFreeBuffers (weights bound as constants may be packed), and
+                every gather's index clamped into its buffer (`tuner.workloads.bounds`: the
+                service accepts a task only so, and the library never reads out of bounds)
     extract     MetaSchedule's task extraction; tasks computing the same thing
                 (`tuner.workloads.identity`) merge, their call counts summed as the weight
     build       partition, MetaScheduleApplyDatabase with a `TunefarmDatabase`, the packing of
@@ -20,10 +22,11 @@ from typing import Any
 
 from ..prepack import mark_padded
 from ..tvm_api import make_target, ms, relax, tvm
+from ..workloads.bounds import clamp_data_dependent
 from ..workloads.identity import identity_hash
 from .fastmath import FastGelu
 
-__all__ = ["Built", "ModelTask", "apply", "build", "extract", "partition"]
+__all__ = ["Built", "ModelTask", "apply", "build", "extract", "partition", "task_flops"]
 
 
 @dataclass(frozen=True)
@@ -42,6 +45,23 @@ class Built:
     tasks: list[ModelTask]
     untuned: list[str]  # names of the tasks that had no record: relax's default loops
 
+    @property
+    def untuned_share(self) -> float:
+        """The share of one run's operations (Σ calls × FLOPs) in the tasks without a record:
+        how far from tuned the library is likely to be."""
+        total = sum(t.weight * task_flops(t) for t in self.tasks)
+        missing = sum(t.weight * task_flops(t) for t in self.tasks if t.name in self.untuned)
+        return missing / total if total else 0.0
+
+
+def task_flops(task: ModelTask) -> float:
+    """TVM's estimate of one call's operations (at least 1: a copy counts as one)."""
+    try:
+        flops = float(tvm.s_tir.analysis.estimate_tir_flops(tvm.IRModule({"main": task.func})))
+    except Exception:  # the estimator refuses some constructs
+        flops = 0.0
+    return max(flops, 1.0)
+
 
 def _as_target(target: Any) -> Any:
     """A TVM Target from a spec ("host", a dict) or a Target."""
@@ -58,7 +78,13 @@ def partition(mod: Any, target: Any, *, fast_math: bool = False) -> Any:
               relax.transform.FoldConstant(), relax.transform.FuseOps(),
               relax.transform.FuseTIR(), relax.transform.AttachAttrLayoutFreeBuffers()]
     with target:
-        return tvm.transform.Sequential(passes)(mod)
+        mod = tvm.transform.Sequential(passes)(mod)
+    for gv, func in list(mod.functions.items()):
+        if isinstance(func, tvm.tirx.PrimFunc):
+            clamped = clamp_data_dependent(func)
+            if not clamped.same_as(func):
+                mod.update_func(gv, clamped)
+    return mod
 
 
 def extract(partitioned: Any, target: Any) -> list[ModelTask]:

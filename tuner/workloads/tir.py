@@ -11,9 +11,10 @@ must: have only buffer params with constant shapes and supported dtypes, use onl
 constant extents (total iteration count <= max_ops; a T.vectorized loop at most
 MAX_VECTORIZED_EXTENT, a T.unroll loop at most MAX_UNROLL_EXTENT iterations), allocate no buffer
 past max_tensor_elements and no more than max_tensor_elements elements in all its alloc_buffer /
-sblock_alloc_buffer together, carry only known function attrs, index no buffer with a value read
-from a buffer (data-dependent indexing: a load in a buffer index, a loop bound or a region, also
-through a variable bound to one), and pass TVM's static out-of-bounds checker
+sblock_alloc_buffer together, carry only known function attrs, take no loop bound from a value read
+from a buffer, index a buffer by such a value only inside its extent (a gather's index is clamped
+into the buffer first, `bounds.clamp_data_dependent`, as topi's `take` does in clip mode), and
+pass TVM's static out-of-bounds checker
 (`s_tir.analysis.OOBChecker`): the reference runs the function on this host.
 
 flops: TVM's estimator `tvm.s_tir.analysis.estimate_tir_flops` (counts arithmetic ops per
@@ -37,6 +38,7 @@ import numpy as np
 from ..config import get_settings
 from ..errors import SpecError
 from .base import ArgSpec, OpDef, float_tolerance, is_int
+from .bounds import clamp_data_dependent, dependent_vars, depends_on_data, proven_in_range
 from .tvmscript import FIELD, param_buffers, parse_python, parse_tvmscript
 from .tvmscript_rules import MAX_UNROLL_EXTENT, MAX_VECTORIZED_EXTENT
 
@@ -136,56 +138,42 @@ def _count_iterations(stmt: Any, limit: int) -> int:
 
 
 def check_data_independent(body: Any) -> None:
-    """SpecError naming the buffer when any buffer index (of a load or a store), loop bound or
-    buffer region depends on a value read from a buffer, directly or through a variable bound to
-    one (a Bind/let, a block iterator's binding). Such an index is unchecked by the static
-    out-of-bounds checker: the kernel could read or write anywhere."""
+    """SpecError naming the buffer when a buffer index (of a load or a store) or a buffer region
+    depends on a value read from a buffer, directly or through a variable bound to one (a
+    Bind/let, a block iterator's binding), and is not provably inside the buffer (what
+    `bounds.clamp_data_dependent` makes of a gather), or when a loop bound depends on one. Such
+    an index is unchecked by the static out-of-bounds checker: the kernel could read or write
+    anywhere."""
     from ..tvm_api import tvm, tvm_ffi
 
     tirx, load_t = tvm.tirx, tvm.ir.TensorLoad
     nodes: list[Any] = []
-    tvm_ffi.structural_walk(body, [((load_t, tirx.BufferStore, tirx.For, tirx.Bind, tirx.Let,
-                                     tvm.s_tir.SBlockRealize, tvm.ir.Range), nodes.append)])
-    bindings: list[tuple[Any, Any]] = []  # (var, value)
-    for n in nodes:
-        if isinstance(n, tirx.Bind | tirx.Let):
-            bindings.append((n.var, n.value))
-        elif isinstance(n, tvm.s_tir.SBlockRealize):
-            bindings += [(iv.var, v) for iv, v in zip(n.block.iter_vars, n.iter_values,
-                                                      strict=False)]
-    tainted: set[int] = set()
+    tvm_ffi.structural_walk(body, [((load_t, tirx.BufferStore, tirx.For, tvm.ir.TensorRegion),
+                                    nodes.append)])
+    tainted = dependent_vars(body)
 
-    def dependent(expr: Any) -> bool:
-        found: list[bool] = []
-
-        def seen(x: Any) -> None:
-            if isinstance(x, load_t) or hash(x) in tainted:
-                found.append(True)
-
-        tvm_ffi.structural_walk(expr, [((load_t, tirx.Var), seen)])
-        return bool(found)
-
-    changed = True
-    while changed:  # a variable bound to a load, or to a variable bound to one, ...
-        changed = False
-        for var, value in bindings:
-            if hash(var) not in tainted and dependent(value):
-                tainted.add(hash(var))
-                changed = True
+    def unbounded(index: Any, dim: Any) -> bool:
+        return depends_on_data(index, tainted) and not (
+            hasattr(dim, "value") and proven_in_range(index, 0, int(dim.value) - 1))
 
     def refuse(what: str) -> SpecError:
         return SpecError(f"data-dependent indexing is not allowed: {what} depends on a value "
-                         "read from a buffer", field=FIELD)
+                         "read from a buffer and is not kept inside the buffer", field=FIELD)
 
     for n in nodes:  # accesses first: their message names the buffer
-        if isinstance(n, load_t | tirx.BufferStore) and any(dependent(i) for i in n.indices):
-            name = getattr(n.source, "name", n.source) if isinstance(n, load_t) else n.buffer.name
-            raise refuse(f"an index of buffer {name}")
+        if isinstance(n, load_t | tirx.BufferStore):
+            buf = n.source if isinstance(n, load_t) else n.buffer
+            if any(unbounded(i, d) for i, d in zip(n.indices, buf.shape, strict=False)):
+                raise refuse(f"an index of buffer {getattr(buf, 'name', buf)}")
     for n in nodes:
-        if isinstance(n, tirx.For) and (dependent(n.min) or dependent(n.extent)):
+        if isinstance(n, tirx.For) and (depends_on_data(n.min, tainted)
+                                        or depends_on_data(n.extent, tainted)):
             raise refuse(f"the bounds of loop {n.loop_var}")
-        if isinstance(n, tvm.ir.Range) and (dependent(n.min) or dependent(n.extent)):
-            raise refuse(f"a buffer region [{n.min}, {n.min} + {n.extent})")
+        if isinstance(n, tvm.ir.TensorRegion):
+            for r, d in zip(n.region, n.source.shape, strict=False):
+                if depends_on_data(r.extent, tainted) or unbounded(r.min, d):
+                    raise refuse(f"a region [{r.min}, {r.min} + {r.extent}) of buffer "
+                                 f"{getattr(n.source, 'name', n.source)}")
 
 
 def _flops(mod: Any, iterations: int) -> int:
@@ -211,7 +199,9 @@ def parse_tir(spec: dict[str, Any]) -> ParsedTir:
     if not is_int(nout) or int(nout) < 1:
         raise SpecError(f"must be a positive integer, got {nout!r}", field="num_outputs")
     nout = int(nout)
-    func = parse_tvmscript(spec["tvmscript"])
+    # a gather's index read from a buffer is clamped into the buffer (`bounds`): what is keyed,
+    # checked, tuned and run from here on
+    func = clamp_data_dependent(parse_tvmscript(spec["tvmscript"]))
     bad_attrs = sorted(set(func.attrs.keys()) - ALLOWED_FUNC_ATTRS) if func.attrs else []
     if bad_attrs:
         raise SpecError(f"function attribute(s) {', '.join(bad_attrs)} not allowed (allowed: "
@@ -296,7 +286,8 @@ def run_reference(mod: Any, args: list[ArgSpec], inputs: list[np.ndarray]) -> li
     dev = tvm.cpu()
     outs = [tvm.runtime.tensor(np.zeros(shape, dtype=dt), dev) for _, shape, dt in
             args[len(inputs):]]
-    ex["main"](*[tvm.runtime.tensor(np.ascontiguousarray(x), dev) for x in inputs], *outs)
+    # np.array, not np.ascontiguousarray: that one makes a 0-d input (a scalar index) 1-d
+    ex["main"](*[tvm.runtime.tensor(np.array(x, order="C"), dev) for x in inputs], *outs)
     return [o.numpy() for o in outs]
 
 

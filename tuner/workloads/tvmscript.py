@@ -10,7 +10,10 @@ run. So the text is first checked with Python's `ast` against an allowlist:
 * only statement/expression node types that plain TIR needs (no lambda, comprehension, class,
   global/nonlocal, async/await/yield, try/raise/del, starred calls, walrus, f-strings, `**`);
 * no name or attribute starting with `_`; names must be `T`, a few builtins (range, len, min,
-  max, int, float) or names bound by the function itself; shadowing reserved names is refused;
+  max, int, float) or names bound by the function itself; binding `T` or the parser's module
+  names is refused, and a bound name that is also a builtin (`input`, `id`, `max`: relax names
+  buffers after a model's inputs) is renamed to a fresh one before the text is vetted again and
+  parsed (`_renamed`), so names stay data;
 * calls only to allowlisted `T.*` functions (nothing that calls external or packed functions,
   takes raw pointers, or expands macros) and the builtins above; no `data=` keyword (aliasing);
 * short string constants, bounded integers, `<<` only by a small constant, no operators on
@@ -62,6 +65,7 @@ from .tvmscript_rules import (
     RESERVED_NAMES,
     T_ATTRS,
     T_SUBATTRS,
+    UNBINDABLE,
     VALUE_ATTRS,
 )
 
@@ -165,9 +169,43 @@ def _bound_names(fn: ast.FunctionDef) -> tuple[set[str], set[str]]:
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
             seqs |= {t.id for t in targets if isinstance(t, ast.Name)}
     for name in bound:
-        if name.startswith("_") or name in RESERVED_NAMES:
+        if name.startswith("_") or name in UNBINDABLE:
             raise _fail(f"the name {name!r} is reserved and cannot be bound")
     return bound, seqs
+
+
+def _renamed(canon: str, fn: ast.FunctionDef) -> str | None:
+    """Names are data: a name the function binds that is also a Python builtin or one of the
+    parser's globals (`input`, `id`, `type`, `max`: relax names buffers after a model's inputs)
+    is renamed, everywhere it stands, to a fresh name, so that no occurrence can resolve to the
+    builtin whatever TVMScript's scoping does. A call of an allowed builtin (`max(a, b)`) keeps
+    calling the builtin. The text with the names replaced, or None when nothing is renamed."""
+    taken = {n.id for n in ast.walk(fn) if isinstance(n, ast.Name)} | {
+        n.arg for n in ast.walk(fn) if isinstance(n, ast.arg)}
+    bound = {a.arg for a in fn.args.args} | {
+        n.id for n in ast.walk(fn) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+    fresh: dict[str, str] = {}
+    for name in sorted(bound & RESERVED_NAMES - UNBINDABLE):
+        new = name + "_"
+        while new in taken or new in RESERVED_NAMES:
+            new += "_"
+        fresh[name] = new
+        taken.add(new)
+    if not fresh:
+        return None
+    calls = {id(n.func) for n in ast.walk(fn) if isinstance(n, ast.Call)}
+    spans: list[tuple[int, int, int, str]] = []  # (line, start, end) in UTF-8 bytes, new name
+    for n in ast.walk(fn):
+        if not isinstance(n, ast.Name | ast.arg):
+            continue
+        name = n.id if isinstance(n, ast.Name) else n.arg
+        if name not in fresh or (id(n) in calls and name in ALLOWED_BUILTINS):
+            continue
+        spans.append((n.lineno, n.col_offset, n.col_offset + len(name.encode()), fresh[name]))
+    lines = [ln.encode() for ln in canon.split("\n")]
+    for line, start, end, new in sorted(spans, reverse=True):
+        lines[line - 1] = lines[line - 1][:start] + new.encode() + lines[line - 1][end:]
+    return "\n".join(ln.decode() for ln in lines)
 
 
 def _is_seq_literal(node: ast.AST | None) -> bool:
@@ -292,6 +330,16 @@ def vet_tvmscript(text: Any) -> str:
     for node in ast.walk(fn):
         _check_kind(node, fn)
     bound, seqs = _bound_names(fn)
+    renamed = _renamed(canon, fn)
+    if renamed is not None:  # vet the renamed text from the start: what is parsed is vetted
+        tree = _check_limits(renamed)
+        fn = _check_structure(tree)
+        for node in ast.walk(fn):
+            _check_kind(node, fn)
+        bound, seqs = _bound_names(fn)
+        if _renamed(renamed, fn) is not None:
+            raise _fail("a name the function binds could not be renamed")
+        canon = renamed
     loop_iters = {id(n.iter) for n in ast.walk(fn) if isinstance(n, ast.For)}
     for node in ast.walk(fn):
         _check_node(node, bound, seqs, loop_iters)

@@ -24,9 +24,12 @@ CHAR_NAMES = {"\x00": "NUL", "\v": "vertical tab", "\f": "form feed", "\r": "car
               "\x85": "next line", "\x1b": "escape"}
 
 ALLOWED_BUILTINS = frozenset({"range", "len", "min", "max", "int", "float"})
-# names the parser puts in scope (tvm.script.parser.core.entry._default_globals) plus all builtins
+# names the parser puts in scope (tvm.script.parser.core.entry._default_globals) plus all builtins:
+# a function binding one of them has it renamed (`tvmscript._renamed`)
 RESERVED_NAMES = frozenset(dir(builtins)) | {
     "T", "tvm", "I", "ir", "tir", "R", "relax", "Tx", "tirx", "Axis", "TypeVar"}
+# `T` roots every construct of the dialect: a function binding it is refused, never renamed
+UNBINDABLE = frozenset({"T"})
 
 _DTYPES = [f"{k}{b}" for k, bits in (("float", (16, 32, 64)), ("int", (8, 16, 32, 64)),
                                      ("uint", (8, 16, 32, 64))) for b in bits]
