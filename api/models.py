@@ -20,7 +20,7 @@ from tuner.errors import NotFound, SpecError
 from tuner.model.rounds import gradient_plan
 from tuner.queue import events, mark_cancelled
 from tuner.queue.streams import enqueue
-from tuner.workloads import Workload
+from tuner.workloads import Workload, prime_parser
 
 from .context import ApiContext
 from .errors import ApiProblem
@@ -42,6 +42,7 @@ def _workloads(ctx: ApiContext, tasks: list[ModelTaskCreate]) -> list[Workload]:
             inner = (exc.field or "tvmscript").removeprefix("workload.")
             raise type(exc)(exc.detail, field=f"tasks.{i}.{inner}") from exc
 
+    prime_parser([t.tvmscript for t in tasks])  # one child a chunk of tasks, not one each
     with ThreadPoolExecutor(max_workers=PARSERS) as pool:
         return list(pool.map(parse, range(len(tasks))))
 

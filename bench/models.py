@@ -1,4 +1,5 @@
-"""Whole models: `python -m bench --suite models [--only bert,llama] [--scale small] [--trials 32]`
+"""Whole models: `python -m bench --suite models [--only bert,llama] [--scale small] [--trials 32]`,
+and the same for the model zoo of real architectures (bench/zoo.py): `--suite zoo`.
 
 Each model is defined here in torch with random weights (no downloads) and taken through
 `torch.export` -> relax, partitioned by tunefarm's pipeline (`tuner.model.pipeline`). Then, in
@@ -249,8 +250,11 @@ def run_models(args: Any) -> int:
 
     torch.manual_seed(args.seed)
     torch.set_num_threads(args.threads)
-    scale = SCALES[args.scale]
-    names = args.only.split(",") if args.only else list(scale)
+    zoo = args.suite == "zoo"
+    if zoo:
+        from .zoo import ZOO
+    names = (args.only.split(",") if args.only
+             else list(ZOO) if zoo else list(SCALES[args.scale]))
     target = host_target_dict(args.threads) if args.target == "host" else json.loads(args.target)
     tgt = make_target(target)
     out_dir = Path(args.out)
@@ -266,9 +270,12 @@ def run_models(args: Any) -> int:
                              f"in {out_dir}")
         results = {n: r for n, r in previous.items() if n not in names}
     for name in names:
-        net = _models(torch)[name](**scale[name])
-        inputs = net.inputs()
-        _calibrate_batch_norm(net, inputs, torch)
+        if zoo:  # bench/zoo.py: made in eval mode, batch norm calibrated
+            net, inputs = ZOO[name].make(args.scale)
+        else:
+            net = _models(torch)[name](**SCALES[args.scale][name])
+            inputs = net.inputs()
+            _calibrate_batch_norm(net, inputs, torch)
         with torch.no_grad():
             reference = [net(*inputs).numpy()]
             program = torch.export.export(net, inputs)

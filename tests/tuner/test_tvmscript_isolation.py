@@ -107,9 +107,9 @@ def test_results_are_cached_by_content(monkeypatch: pytest.MonkeyPatch,
     starts: list[str] = []
     real = isolate._parse_in_child
 
-    def counting(text: str) -> Any:
-        starts.append(text)
-        return real(text)
+    def counting(texts: list[str]) -> Any:
+        starts.extend(texts)
+        return real(texts)
 
     monkeypatch.setattr(isolate, "_parse_in_child", counting)
     text = BASE.format(slot="T.evaluate(0)")
@@ -119,6 +119,28 @@ def test_results_are_cached_by_content(monkeypatch: pytest.MonkeyPatch,
         with pytest.raises(SpecError, match="TVMScript parser"):
             parse_spec(tir(bad))
     assert len(starts) == 2
+
+
+def test_a_models_texts_share_one_child(monkeypatch: pytest.MonkeyPatch,
+                                        fresh_cache: None) -> None:
+    """`isolate.prime`: one child parses a chunk of one submitter's texts into the cache, a
+    rejection included; `parse_spec` then starts no child for them."""
+    children: list[int] = []
+    real = isolate._parse_in_child
+
+    def counting(texts: list[str]) -> Any:
+        children.append(len(texts))
+        return real(texts)
+
+    monkeypatch.setattr(isolate, "_parse_in_child", counting)
+    texts = [BASE.format(slot=f"T.evaluate({i})") for i in range(5)]
+    bad = texts[0].replace("T.float32(2)", "T.float32(2, 3, 4)")
+    isolate.prime([vet_tvmscript(t) for t in [*texts, bad]], chunk=4)
+    assert children == [4, 2]
+    keys = {parse_spec(tir(t)).key for t in texts}
+    with pytest.raises(SpecError, match="TVMScript parser"):
+        parse_spec(tir(bad))
+    assert len(keys) == 5 and children == [4, 2]
 
 
 def test_a_child_over_its_limits_is_a_spec_error(monkeypatch: pytest.MonkeyPatch,

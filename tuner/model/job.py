@@ -33,7 +33,7 @@ from ..errors import JobHandedOff, TunefarmError
 from ..measure import MeasureOptions, Measurer
 from ..search import Tuner, TuneRequest
 from ..tvm_api import canonical_target_json, make_target
-from ..workloads import Workload, parse_spec
+from ..workloads import Workload, parse_spec, prime_parser
 from .pipeline import ModelTask
 from .rounds import gradient_plan
 
@@ -103,9 +103,11 @@ def vet_tasks(tasks: list[ModelTask]) -> tuple[list[ModelTask], list[Workload], 
     kept: list[ModelTask] = []
     workloads: list[Workload] = []
     refused: list[Untuned] = []
-    for t in tasks:
+    texts = [t.func.script() for t in tasks]
+    prime_parser(texts)
+    for t, text in zip(tasks, texts, strict=True):
         try:
-            wl = parse_spec({"op": "tir", "tvmscript": t.func.script()})
+            wl = parse_spec({"op": "tir", "tvmscript": text})
         except TunefarmError as exc:
             _log.warning("model task %s refused: %s", t.name, exc)
             refused.append(Untuned(t.name, t.weight, f"refused: {exc}"))

@@ -26,7 +26,7 @@ from typing import Any
 from ..errors import SpecError
 from ..tvm_api import relax_from_exported_program, tvm
 
-__all__ = ["load_model"]
+__all__ = ["from_torch", "load_model"]
 
 
 def load_model(path: str | Path) -> Any:
@@ -85,9 +85,20 @@ def _to_relax(obj: Any, module: Any, p: Path) -> Any:
     if not callable(make_inputs):
         raise SpecError(f"{p} defines no example_inputs() for its torch model", field="model")
     args, kwargs = _call_args(make_inputs(), torch, p)
+    return from_torch(obj, args, kwargs, where=p)
+
+
+def from_torch(net: Any, args: tuple[Any, ...], kwargs: dict[str, Any] | None = None, *,
+               where: str | Path = "model") -> Any:
+    """The relax IRModule of the `torch.nn.Module` `net` (in eval mode) exported with
+    `torch.export` on `args` and `kwargs`; SpecError naming what torch.export or TVM's frontend
+    could not take."""
+    import torch
+
+    p = Path(where)
     try:
-        with torch.inference_mode(False), torch.no_grad():
-            program = torch.export.export(obj.eval(), args, kwargs)
+        with torch.no_grad():
+            program = torch.export.export(net.eval(), tuple(args), kwargs or {})
     except Exception as exc:  # torch.export's own errors (graph breaks, data-dependent flow)
         raise SpecError(f"{p}: torch.export could not export the model: "
                         f"{_first_line(exc)}", field="model") from exc

@@ -1,7 +1,8 @@
 """The one relax pipeline a model goes through, for extraction and for the build alike, so the
 tasks tuned are exactly the PrimFuncs the build looks up:
 
-    partition   DecomposeOpsForInference, CanonicalizeBindings, LegalizeOps,
+    partition   `fixups` (what TVM cannot compile as its frontends produce it),
+                DecomposeOpsForInference, CanonicalizeBindings, LegalizeOps,
                 AnnotateTIROpPattern, FoldConstant, FuseOps, FuseTIR,
                 AttachAttrLayoutFreeBuffers (weights bound as constants may be packed), and
                 every gather's index clamped into its buffer (`tuner.workloads.bounds`: the
@@ -25,6 +26,7 @@ from ..tvm_api import make_target, ms, relax, tvm
 from ..workloads.bounds import clamp_data_dependent
 from ..workloads.identity import identity_hash
 from .fastmath import FastGelu
+from .fixups import BoolCompare
 
 __all__ = ["Built", "ModelTask", "apply", "build", "extract", "partition", "task_flops"]
 
@@ -72,7 +74,7 @@ def partition(mod: Any, target: Any, *, fast_math: bool = False) -> Any:
     """The model with every operator legalized to TIR and fused into tasks; `fast_math`:
     GELU, erf and tanh as vectorizable approximations (`tuner.model.fastmath`)."""
     target = _as_target(target)
-    passes = [*([FastGelu()] if fast_math else []),
+    passes = [*([FastGelu()] if fast_math else []), BoolCompare(),
               relax.transform.DecomposeOpsForInference(), relax.transform.CanonicalizeBindings(),
               relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern(),
               relax.transform.FoldConstant(), relax.transform.FuseOps(),

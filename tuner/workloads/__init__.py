@@ -13,7 +13,7 @@ from __future__ import annotations
 from .base import ArgSpec, OpDef, ParamDef, canonical_json
 from .ops import OPS, describe_ops
 from .spec import from_cli, parse_spec
-from .tvmscript import parse_tvmscript, vet_tvmscript
+from .tvmscript import parse_tvmscript, prime_parser, vet_tvmscript
 from .workload import Workload
 
 __all__ = [
@@ -27,5 +27,6 @@ __all__ = [
     "from_cli",
     "parse_spec",
     "parse_tvmscript",
+    "prime_parser",
     "vet_tvmscript",
 ]

@@ -1,9 +1,11 @@
 """The child process of `isolate.parse_isolated`: parse one untrusted TVMScript text.
 
-    python -m tuner.workloads.parse_child [--drop=USER]  < {"text": ..., "max_tvmscript_bytes":
-                                                           ..., "max_tvmscript_nodes": ...}
-    -> one JSON line on stdout: {"ok": true, "json": <tvm.ir.save_json of the PrimFunc>}
-                                or {"ok": false, "error": <message>}
+    python -m tuner.workloads.parse_child [--drop=USER]  < {"texts": [...],
+                                   "max_tvmscript_bytes": ..., "max_tvmscript_nodes": ...}
+    -> one JSON line on stdout: {"results": [one per text: {"ok": true, "json": <tvm.ir.save_json
+                                 of the PrimFunc>} or {"ok": false, "error": <message>}]}
+
+Several texts are one submitter's (a model's tasks: `isolate.prime`).
 
 It starts with the parent's limits, a clean environment and (normally) as an unprivileged user.
 With `--drop=USER` (the interpreter lives where that user cannot read) it imports TVM and warms
@@ -62,7 +64,10 @@ def main(argv: list[str]) -> int:
 
         Limits(memory_mb=None, cpu_s=None, fsize_mb=None, user=drop[0]).drop_now()
     request = json.loads(sys.stdin.buffer.read().decode("utf-8"))
-    reply = handle(request if isinstance(request, dict) else {})
+    request = request if isinstance(request, dict) else {}
+    texts = request.get("texts")
+    reply = {"results": [handle({**request, "text": t})
+                         for t in (texts if isinstance(texts, list) else [])]}
     with os.fdopen(reply_fd, "w", encoding="utf-8") as out:
         out.write(json.dumps(reply) + "\n")
     return 0
