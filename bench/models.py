@@ -7,10 +7,13 @@ one process:
 - tunefarm: `ModelTuner` (the engine of `tunefarm tune-model`) with `--trials` per task times the
   number of tasks as its budget, on a fresh SQLite database, then `tuner.model.pipeline.build`;
 - MetaSchedule: `ms.relax_integration.tune_relax` on the same partitioned module with the same
-  total budget and `max_trials_per_task` = `--trials`, then `compile_relax`;
+  total budget, `max_trials_per_task` = `--trials` and 32 trials per iteration, then built by
+  the same passes as tunefarm's library (`_tune_metaschedule`: its weights packed at compile
+  time, as TVM's `static_shape_tuning` pipeline builds it);
 - TVM untuned: the partitioned module compiled as is;
-- PyTorch eager and `torch.compile` (inductor).
-All five are timed interleaved (`bench.timing`), every output checked against PyTorch eager.
+- PyTorch under `inference_mode`: eager, and `torch.compile` default and max-autotune, each with
+  inductor's freezing, channels-last too for convolution models (`torch_variants`).
+All are timed interleaved (`bench.timing`), every output checked against PyTorch eager.
 `--fast-math` partitions with GELU's erf/tanh approximated (`tuner.model.fastmath`; every
 TVM variant then uses it). `--scale small` shrinks each model (hidden sizes, sequence,
 channels) to make a run take minutes instead of hours; RESULTS.md says which scale a figure is
@@ -20,6 +23,7 @@ variant from them again and times it without tuning again.
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import shutil
@@ -223,22 +227,31 @@ def _settings() -> Any:
     return get_settings()
 
 
-def _tune_metaschedule(part: Any, n_tasks: int, target: Any, trials: int, work: Path,
+def _tune_metaschedule(mod: Any, part: Any, n_tasks: int, target: Any, trials: int, work: Path,
+                       fast_math: bool,
                        earlier: dict[str, Any] | None = None) -> tuple[Any, dict[str, Any]]:
-    from tuner.tvm_api import load_tensor_intrins, ms, relax, tvm
+    """MetaSchedule as TVM's `static_shape_tuning` pipeline runs it: `tune_relax` on the same
+    partitioned module (constant weights bound and layout-free), 32 trials per iteration, then
+    built by the same passes as tunefarm's library (`tuner.model.pipeline.build`:
+    MetaScheduleApplyDatabase, SplitLayoutRewritePreproc, FoldConstant), so its kernels take
+    weights packed once at compile time, never on each call."""
+    from tuner.model.pipeline import build
+    from tuner.tvm_api import load_tensor_intrins, ms
 
     if earlier is None:
         load_tensor_intrins("x86")  # the default CPU rules name its VNNI and AVX-512 dots
         t0 = time.monotonic()
         db = ms.relax_integration.tune_relax(
             mod=part, params={}, target=target, work_dir=str(work / "ms"),
-            max_trials_global=trials * n_tasks, max_trials_per_task=trials)
+            max_trials_global=trials * n_tasks, max_trials_per_task=trials,
+            num_trials_per_iter=MS_TRIALS_PER_ITER)
         earlier = {"tuning_s": time.monotonic() - t0, "trials": len(db)}
     else:
         db = ms.database.JSONDatabase(work_dir=str(work / "ms"), allow_missing=False)
-    with target, db:
-        applied = relax.transform.MetaScheduleApplyDatabase()(part)
-    return tvm.compile(applied, target=target), earlier
+    return build(mod, target, db, fast_math=fast_math).executable, earlier
+
+
+MS_TRIALS_PER_ITER = 32  # MetaSchedule's docs: two batches of 32, not one untrained batch of 64
 
 
 def run_models(args: Any) -> int:
@@ -276,8 +289,9 @@ def run_models(args: Any) -> int:
             net = _models(torch)[name](**SCALES[args.scale][name])
             inputs = net.inputs()
             _calibrate_batch_norm(net, inputs, torch)
+        with torch.inference_mode():
+            reference = checked_reference(name, [net(*inputs).numpy()])
         with torch.no_grad():
-            reference = [net(*inputs).numpy()]
             program = torch.export.export(net, inputs)
         mod = relax_from_exported_program(program)
         part = partition(mod, tgt, fast_math=args.fast_math)
@@ -297,7 +311,7 @@ def run_models(args: Any) -> int:
         ms_prev = earlier["metaschedule"] if earlier else None
         skip_ms = args.skip_ms or ms_prev == {}  # reused: only if the earlier run tuned it
         ms_exe, ms_info = (None, {}) if skip_ms else _tune_metaschedule(
-            part, len(tasks), tgt, args.trials, work, ms_prev)
+            mod, part, len(tasks), tgt, args.trials, work, args.fast_math, ms_prev)
         if ms_exe is not None:
             print(f"    MetaSchedule tuned in {ms_info['tuning_s']:.0f} s", flush=True)
         exes = {"tunefarm": tf_exe, "metaschedule": ms_exe,
@@ -314,6 +328,18 @@ def run_models(args: Any) -> int:
     return 0
 
 
+def checked_reference(name: str, reference: list[Any]) -> list[Any]:
+    """PyTorch eager's outputs, the reference of every variant; SystemExit when they are all
+    about zero (a deep net with random weights and fresh batch-norm statistics), where the
+    output check would compare nothing."""
+    import numpy as np
+
+    if max(float(np.abs(r).max()) for r in reference) < 1e-4:
+        raise SystemExit(f"{name}: PyTorch's output is about zero everywhere: the output check "
+                         "compares nothing (calibrate its batch norm, or scale its weights)")
+    return reference
+
+
 def _time(exes: dict[str, Any], net: Any, inputs: tuple[Any, ...], reference: list[Any],
           args: Any, torch: Any) -> dict[str, Any]:
     """The compiled models, PyTorch eager and torch.compile timed interleaved."""
@@ -327,18 +353,46 @@ def _time(exes: dict[str, Any], net: Any, inputs: tuple[Any, ...], reference: li
             vm = relax.VirtualMachine(exe, tvm.cpu())
             # from_exported_program returns a tuple: the model has one output
             variants.append(Variant(label, fn=lambda vm=vm: vm["main"](*tvm_in)[0]))
-    with torch.no_grad():
-        variants.append(Variant("pytorch", fn=lambda: net(*inputs).detach()))
-        if not args.no_torch:
-            compiled = torch.compile(net)
-            variants.append(Variant("torch.compile", fn=lambda: compiled(*inputs).detach()))
+    with torch.inference_mode():
+        variants += torch_variants(net, inputs, torch, compiled=not args.no_torch)
         return time_interleaved(variants, reference, 1e-3, 1e-3, rounds=args.rounds,
                                 min_ms=args.min_ms)
 
 
+TORCH_COMPILE_MODES = ("default", "max-autotune")
+
+
+def torch_variants(net: Any, inputs: tuple[Any, ...], torch: Any, *,
+                   compiled: bool = True) -> list[Any]:
+    """PyTorch as its experts run it on a CPU (call under `torch.inference_mode()`, threads set
+    by the caller): eager, and `torch.compile` in the default and max-autotune modes, each with
+    inductor's freezing (constant weights folded: batch norm into convolutions, weights prepacked
+    for oneDNN), compiled on its first call here, before any timing; a convolution model also
+    channels-last (its inputs converted once, outside the timed call)."""
+    from bench.timing import Variant
+
+    out = [Variant("pytorch", fn=lambda: net(*inputs))]
+    if not compiled:
+        return out
+    has_conv = any(isinstance(m, torch.nn.Conv2d) for m in net.modules())
+    layouts = [("", net, inputs)]
+    if has_conv:
+        cl = copy.deepcopy(net).to(memory_format=torch.channels_last)
+        layouts.append((", channels-last", cl, tuple(
+            x.to(memory_format=torch.channels_last) if x.dim() == 4 else x for x in inputs)))
+    for mode in TORCH_COMPILE_MODES:
+        for suffix, model, args in layouts:
+            fn = torch.compile(model, mode=None if mode == "default" else mode)
+            with torch._inductor.config.patch(freezing=True):
+                fn(*args)  # compiled (and frozen) here
+            out.append(Variant(f"torch.compile {mode}+freezing{suffix}",
+                               fn=lambda fn=fn, args=args: fn(*args)))
+    return out
+
+
 def _summary(results: dict[str, Any], out_dir: Path) -> None:
     lines = ["| model | tasks | tunefarm | MetaSchedule | tf/MS | untuned | PyTorch | "
-             "torch.compile | tf tuning s | MS tuning s |", "|" + "---|" * 10]
+             "best torch.compile | tf tuning s | MS tuning s |", "|" + "---|" * 10]
     for name, r in results.items():
         t = {k: v.get("median_s") for k, v in r["timing"].items()}
 
@@ -347,6 +401,8 @@ def _summary(results: dict[str, Any], out_dir: Path) -> None:
 
         ratio = (f"{t['tunefarm'] / t['metaschedule']:.2f}"
                  if t.get("tunefarm") and t.get("metaschedule") else "-")
+        compiled = [v for k, v in t.items() if k.startswith("torch.compile") and v]
+        t["torch.compile"] = min(compiled) if compiled else None  # the best variant
         lines.append(f"| {name} ({r['scale']}) | {r['tasks']} | {ms(t.get('tunefarm'))} | "
                      f"{ms(t.get('metaschedule'))} | {ratio} | {ms(t.get('tvm-untuned'))} | "
                      f"{ms(t.get('pytorch'))} | {ms(t.get('torch.compile'))} | "

@@ -1,0 +1,93 @@
+"""The whole-model baselines as their experts run them (bench/models.py): MetaSchedule's library
+built by the same passes as tunefarm's, PyTorch's compiled variants with freezing and
+max-autotune, and an output check that compares real outputs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from bench import models
+from bench.timing import check
+
+
+def test_metaschedules_library_is_built_by_tunefarms_passes(tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch
+                                                              ) -> None:
+    """Both libraries go through `tuner.model.pipeline.build` (MetaScheduleApplyDatabase, the
+    layout rewrite split out and folded), each with its own tuner's database."""
+    from tuner.model import pipeline
+
+    seen: list[tuple[Any, Any]] = []
+
+    def spy(mod: Any, target: Any, database: Any, *, fast_math: bool = False) -> Any:
+        seen.append((mod, database))
+        return pipeline.Built(executable="exe", tasks=[], untuned=[])
+
+    monkeypatch.setattr(pipeline, "build", spy)
+    work = tmp_path / "work"
+    (work / "ms").mkdir(parents=True)
+    for name in ("database_workload.json", "database_tuning_record.json"):
+        (work / "ms" / name).write_text("")
+    exe, info = models._tune_metaschedule("MOD", "PART", 3, "llvm", 16, work, False,
+                                          earlier={"tuning_s": 1.0, "trials": 48})
+    assert exe == "exe" and info["trials"] == 48
+    (mod, db), = seen
+    assert mod == "MOD" and type(db).__name__ == "JSONDatabase"
+    assert models.MS_TRIALS_PER_ITER == 32
+
+
+class _FakeCompiled:
+    def __init__(self, net: Any, mode: str | None, calls: list[tuple[str | None, bool]],
+                 config: Any) -> None:
+        self.net, self.mode, self.calls, self.config = net, mode, calls, config
+
+    def __call__(self, *args: Any) -> Any:
+        self.calls.append((self.mode, bool(self.config.freezing)))
+        return self.net(*args)
+
+
+def test_pytorch_runs_eager_and_compiled_with_freezing_and_max_autotune(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    torch = pytest.importorskip("torch")
+    calls: list[tuple[str | None, bool]] = []
+    config = torch._inductor.config
+    monkeypatch.setattr(torch, "compile", lambda net, mode=None: _FakeCompiled(
+        net, mode, calls, config))
+    net = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.ReLU()).eval()
+    inputs = (torch.randn(1, 3, 8, 8),)
+    with torch.inference_mode():
+        variants = models.torch_variants(net, inputs, torch)
+        outs = [v.fn() for v in variants]
+    names = [v.name for v in variants]
+    assert names == ["pytorch", "torch.compile default+freezing",
+                     "torch.compile default+freezing, channels-last",
+                     "torch.compile max-autotune+freezing",
+                     "torch.compile max-autotune+freezing, channels-last"]
+    # each compiled variant ran its first (compiling) call under freezing, before any timing
+    assert calls[:4] == [(None, True), (None, True), ("max-autotune", True),
+                         ("max-autotune", True)]
+    for out in outs:
+        np.testing.assert_allclose(out.numpy(), outs[0].numpy(), rtol=1e-6, atol=1e-6)
+    linear = models.torch_variants(torch.nn.Linear(4, 4), (torch.randn(2, 4),), torch)
+    assert not any("channels-last" in v.name for v in linear)  # no convolution: no layout
+
+
+def test_the_output_check_fails_on_a_perturbed_output() -> None:
+    ref = np.random.default_rng(0).standard_normal((4, 16)).astype("float32")
+    assert check([ref.copy()], [ref], 1e-3, 1e-3)["ok"]
+    bad = ref.copy()
+    bad[2, 5] += 0.05
+    result = check([bad], [ref], 1e-3, 1e-3)
+    assert not result["ok"] and "1 of 64 elements differ" in result["error"]
+
+
+def test_a_reference_of_zeros_is_refused() -> None:
+    """A net whose output is ~0 (random weights, uncalibrated batch norm) would pass any check."""
+    with pytest.raises(SystemExit, match="compares nothing"):
+        models.checked_reference("mobilenet", [np.full((1, 1000), 1e-31, "float32")])
+    ref = [np.ones((2, 2), "float32")]
+    assert models.checked_reference("ok", ref) is ref
