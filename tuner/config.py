@@ -106,8 +106,17 @@ class Settings(BaseSettings):
     def resolved_database_url(self) -> str:
         if self.database_url:
             return self.database_url
-        self.data_dir.mkdir(parents=True, exist_ok=True)
+        private_dir(self.data_dir)
         return f"sqlite:///{self.data_dir / 'tunefarm.db'}"
+
+
+def private_dir(path: Path) -> None:
+    """The data directory (the database, tokens, logs): created 0700, tightened to 0700 if this
+    user owns it and others could enter it."""
+    path.mkdir(parents=True, mode=0o700, exist_ok=True)
+    st = path.stat()
+    if st.st_uid == os.geteuid() and st.st_mode & 0o077:
+        os.chmod(path, 0o700)
 
 
 @lru_cache(maxsize=1)

@@ -12,7 +12,7 @@ from typing import Annotated, Any
 import typer
 
 from tuner.cli.common import DbOpt, console, err, fail, open_store
-from tuner.config import get_settings
+from tuner.config import get_settings, private_dir
 from tuner.errors import TunefarmError
 
 
@@ -25,8 +25,9 @@ UP_MIN_LIFE_S = 86400.0  # a saved token expiring sooner than this is replaced
 
 
 def _write_secret(path: Path, text: str) -> None:
-    """`text` into `path`, readable by its owner only (mode 0600 from its first byte on)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    """`text` into `path`, readable by its owner only (mode 0600 from its first byte on), in a
+    directory of its owner's (0700)."""
+    private_dir(path.parent)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     tmp.unlink(missing_ok=True)
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -57,13 +58,26 @@ def make_engine(url: str) -> tuple[Engine, str]:
                         "or postgresql://USER@HOST/DB")
 
 
+def private_file(path: Path) -> None:
+    """`path` (a SQLite database: every user's TVMScript, records and token hashes) readable by
+    its owner only: created 0600 if missing (SQLite gives its -wal and -shm files the database
+    file's mode), tightened to 0600 if this user owns it. Its directory is created 0700."""
+    if not path.parent.exists():
+        path.parent.mkdir(parents=True, mode=0o700, exist_ok=True)
+    try:
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+    except FileExistsError:
+        if path.stat().st_uid == os.geteuid() and path.stat().st_mode & 0o077:
+            os.chmod(path, 0o600)
+
+
 def _sqlite_engine(url: str) -> Engine:
     database = make_url(url).database
     memory = not database or database == ":memory:" or database.startswith("file:")
     if memory or database is None:
         engine = create_engine(url, poolclass=StaticPool, connect_args={"check_same_thread": False})
     else:
-        Path(database).expanduser().parent.mkdir(parents=True, exist_ok=True)
+        private_file(Path(database).expanduser())
         engine = create_engine(url, connect_args={"timeout": SQLITE_BUSY_MS / 1000})
 
     @event.listens_for(engine, "connect")
