@@ -25,6 +25,9 @@ class Settings(BaseSettings):
     # workload limits (bad specs are rejected before anything is built)
     max_tensor_elements: int = 1 << 26  # per tensor (256 MiB of fp32)
     max_ops: float = 1e13  # FLOP (or int-op) count of one workload
+    # loop iterations of one `tir` workload whatever its loops compute (its unscheduled
+    # reference runs them all: a loop of no arithmetic counts no FLOP)
+    max_iterations: float = 1e11
     max_tvmscript_bytes: int = 64 * 1024
     max_tvmscript_nodes: int = 20_000
 

@@ -50,8 +50,13 @@ CASES: list[tuple[str, dict[str, Any], int, str]] = [
         slot="T.evaluate(0)  # \u202e)0(etaulave.T")}, 422, "invalid_spec"),
     ("post-dunder-import",
      {"method": "POST", "tvmscript": BASE.format(slot=payload("{mark}"))}, 422, "invalid_spec"),
-    ("post-data-dependent-index", {"method": "POST", "tvmscript": BASE.replace(
-        "B[i] = A[i]", "B[T.Cast(\"int32\", A[i]) % 16] = A[i]").format(slot="T.evaluate(0)")},
+    # a data-dependent index is clamped (or proven in range, as `% 16` is): a loop bound read
+    # from a buffer is refused, and so is an index the analyser cannot bound
+    ("post-data-dependent-loop", {"method": "POST", "tvmscript": BASE.replace(
+        "for i in range(16):", "for i in range(T.Cast(\"int32\", A[0])):").format(
+        slot="T.evaluate(0)")}, 422, "invalid_spec"),
+    ("post-unproven-index", {"method": "POST", "tvmscript": BASE.replace(
+        "B[i] = A[i]", "B[T.bitwise_xor(i, 1024)] = A[i]").format(slot="T.evaluate(0)")},
      422, "invalid_spec"),
     ("post-vectorized-1024", {"method": "POST", "tvmscript": BASE.replace(
         "range(16)", "T.vectorized(1024)").replace("(16,)", "(1024,)").format(

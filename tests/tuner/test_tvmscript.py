@@ -245,6 +245,18 @@ def test_too_many_nodes(monkeypatch: pytest.MonkeyPatch, parser_calls: list[str]
      % "16", "iterations"),
     (TWO_OUT.replace("    for i", '    T.func_attr({"foo": 1})\n    for i') % "16",
      "function attribute(s) foo"),
+    # bombs: a loop of no arithmetic still runs (and its reference runs it), nested unrolls
+    # expand to their product, a dimension can be huge in a buffer of no element
+    (TWO_OUT.replace("    for i in range(16):", "    for p, q in T.grid(1000000, 1000000):\n"
+                     "        T.evaluate(0)\n    for i in range(16):") % "16", "max_iterations"),
+    (TWO_OUT.replace("    for i in range(16):", "    for p in T.unroll(256):\n"
+                     "        for q in T.unroll(256):\n            for r in T.unroll(256):\n"
+                     "                T.evaluate(0)\n    for i in range(16):") % "16",
+     "expand to 65536 copies"),
+    (TWO_OUT.replace('"float32"), B:', '"float32"), D: T.Buffer((0, 1099511627776), '
+                     '"float32"), B:', 1) % "16", "has a dimension of 1099511627776"),
+    (TWO_OUT.replace("    for i", '    X = T.alloc_buffer((0, 1 << 40), "float32")\n    for i')
+     % "16", "has a dimension of 1099511627776"),
     (TWO_OUT.replace("        B[i] =", "        T.evaluate(T.undefined_thing(1))\n        B[i] =")
      % "16", "T.undefined_thing is not allowed"),
     (TWO_OUT.replace("T.float32(2)", "T.float32(q)") % "16", "unknown name 'q'"),

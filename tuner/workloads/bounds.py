@@ -128,3 +128,109 @@ def clamp_data_dependent(func: Any) -> Any:
         (tvm.ir.TensorLoad, load), (tvm.tirx.BufferStore, store), (tvm.ir.TensorRegion, region)]
     body = tvm_ffi.structural_map(func.body, callbacks)
     return func if body.same_as(func.body) else func.with_body(body)
+
+
+def unproven_access(func: Any) -> str | None:
+    """The first buffer access of `func` that the analyser cannot prove inside its buffer
+    (`0 <= index < extent` in every dimension), described for an error message; None when every
+    access is proven. The function is lowered first (init blocks, blocks and their predicates,
+    match_buffer views: every access then names the buffer it really touches, its indices in
+    terms of loop variables), and each access is proven from the loop ranges, the let bindings
+    and the conditions that guard it (`if`, `T.if_then_else`; a `T.Select` evaluates both of its
+    sides, so it guards nothing). An index form the analyser cannot bound (`bitwise_xor`, shifts,
+    a float-to-int cast, an overflowing product) is therefore refused, never trusted."""
+    tvm, tvm_ffi = _tvm()
+    tirx = tvm.tirx
+    try:
+        mod = tvm.transform.Sequential([
+            tvm.s_tir.transform.LowerInitBlock(), tvm.s_tir.transform.ConvertBlocksToOpaque(),
+            tvm.s_tir.transform.LowerMatchBuffer(), tvm.s_tir.transform.LowerOpaqueBlock(),
+            tirx.transform.ConvertSSA()])(tvm.IRModule({"main": func}))
+    except Exception as exc:  # a form TVM's own lowering refuses is not proven either
+        return f"the function cannot be lowered to check its accesses ({_first_line(exc)})"
+    an = tvm.sym.Analyzer()
+    found: list[str] = []
+    if_then_else = tvm.ir.Op.get("prim.if_then_else")
+
+    def check(buf: Any, indices: Any) -> None:
+        if found:
+            return
+        shape = list(buf.shape)
+        if len(indices) != len(shape):
+            found.append(f"{buf.name} indexed with {len(indices)} indices, it has "
+                         f"{len(shape)} dimensions")
+            return
+        for dim, (index, extent) in enumerate(zip(indices, shape, strict=True)):
+            lo, hi = _lanes(index, tirx)
+            try:
+                proven = an.can_prove(lo >= 0) and an.can_prove(hi < extent)
+            except Exception:  # e.g. a constant the simplifier folds past its dtype's range
+                proven = False
+            if not proven:
+                found.append(f"{buf.name}[{', '.join(str(i) for i in indices)}] (dimension {dim}"
+                             f": {index} within [0, {extent}) is not proven)")
+                return
+
+    def guarded(mutator: Any, cond: Any, then: Any, other: Any) -> None:
+        mutator.mutate(cond)
+        with an.constraint_scope(cond):
+            mutator.mutate(then)
+        if other is not None:
+            with an.constraint_scope(tirx.Not(cond)):
+                mutator.mutate(other)
+
+    def on_for(n: Any, mutator: Any) -> Any:
+        an.bind(n.loop_var, tvm.ir.Range.from_min_extent(n.min, n.extent), allow_override=True)
+        mutator.default_mutate(n)
+        return n
+
+    def on_bind(n: Any, mutator: Any) -> Any:
+        mutator.mutate(n.value)
+        an.bind(n.var, n.value, allow_override=True)
+        mutator.default_mutate(n)
+        return n
+
+    def on_if(n: Any, mutator: Any) -> Any:
+        guarded(mutator, n.condition, n.then_case, n.else_case)
+        return n
+
+    def on_call(n: Any, mutator: Any) -> Any:
+        if n.op.same_as(if_then_else):
+            guarded(mutator, n.args[0], n.args[1], n.args[2])
+        else:
+            mutator.default_mutate(n)
+        return n
+
+    def on_load(n: Any, mutator: Any) -> Any:
+        check(n.source, n.indices)
+        mutator.default_mutate(n)
+        return n
+
+    def on_store(n: Any, mutator: Any) -> Any:
+        check(n.buffer, n.indices)
+        mutator.default_mutate(n)
+        return n
+
+    try:
+        tvm_ffi.structural_mutate(mod["main"].body, [
+            (tirx.For, on_for), ((tirx.Bind, tirx.Let, tirx.LetStmt), on_bind),
+            (tirx.IfThenElse, on_if), (tvm.ir.Call, on_call), (tvm.ir.TensorLoad, on_load),
+            (tirx.BufferStore, on_store)])
+    except Exception as exc:  # the analyser itself failed: nothing is proven
+        return f"the accesses cannot be analysed ({_first_line(exc)})"
+    return found[0] if found else None
+
+
+def _lanes(index: Any, tirx: Any) -> tuple[Any, Any]:
+    """The lowest and highest lane of an index (a vector index: a Ramp or a Broadcast)."""
+    if isinstance(index, tirx.Ramp):
+        last = index.base + index.stride * (index.lanes - 1)
+        return tirx.min(index.base, last), tirx.max(index.base, last)
+    if isinstance(index, tirx.Broadcast):
+        return index.value, index.value
+    return index, index
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+    return (lines[0] if lines else type(exc).__name__)[:200]

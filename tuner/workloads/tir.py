@@ -8,14 +8,18 @@ int32 indices where that is exact (`identity.narrow_index`): what is tuned, stor
 
 Besides the vetting in `tvmscript.py` (and the parse in a child process), the parsed function
 must: have only buffer params with constant shapes and supported dtypes, use only for-loops with
-constant extents (total iteration count <= max_ops; a T.vectorized loop at most
-MAX_VECTORIZED_EXTENT, a T.unroll loop at most MAX_UNROLL_EXTENT iterations), allocate no buffer
-past max_tensor_elements and no more than max_tensor_elements elements in all its alloc_buffer /
-sblock_alloc_buffer together, carry only known function attrs, take no loop bound from a value read
-from a buffer, index a buffer by such a value only inside its extent (a gather's index is clamped
-into the buffer first, `bounds.clamp_data_dependent`, as topi's `take` does in clip mode), and
-pass TVM's static out-of-bounds checker
-(`s_tir.analysis.OOBChecker`): the reference runs the function on this host.
+constant extents (total iteration count, whatever the loops compute, <= max_iterations and
+max_ops; a T.vectorized loop at most MAX_VECTORIZED_EXTENT, a T.unroll loop at most
+MAX_UNROLL_EXTENT iterations, nested unrolls at most MAX_UNROLLED_COPIES copies of their body),
+allocate no buffer (nor any buffer dimension) past max_tensor_elements and no more than
+max_tensor_elements elements in all its alloc_buffer / sblock_alloc_buffer together, carry only
+known function attrs, take no loop bound from a value read from a buffer, index a buffer by such
+a value only inside its extent (a gather's index is clamped into the buffer first,
+`bounds.clamp_data_dependent`, as topi's `take` does in clip mode), pass TVM's static
+out-of-bounds checker (`s_tir.analysis.OOBChecker`: an access proven outside), and have every
+access proven inside its buffer (`bounds.unproven_access`: an index form the analyser cannot
+bound is refused, not trusted). The reference runs the function on this host, and measurers
+run its schedules.
 
 flops: TVM's estimator `tvm.s_tir.analysis.estimate_tir_flops` (counts arithmetic ops per
 loop iteration; a plain copy counts 0). If the estimator fails, the loop iteration count is used.
@@ -38,9 +42,15 @@ import numpy as np
 from ..config import get_settings
 from ..errors import SpecError
 from .base import ArgSpec, OpDef, float_tolerance, is_int
-from .bounds import clamp_data_dependent, dependent_vars, depends_on_data, proven_in_range
-from .tvmscript import FIELD, param_buffers, parse_python, parse_tvmscript
-from .tvmscript_rules import MAX_UNROLL_EXTENT, MAX_VECTORIZED_EXTENT
+from .bounds import (
+    clamp_data_dependent,
+    dependent_vars,
+    depends_on_data,
+    proven_in_range,
+    unproven_access,
+)
+from .tvmscript import FIELD, check_dims, param_buffers, parse_python, parse_tvmscript
+from .tvmscript_rules import MAX_UNROLL_EXTENT, MAX_UNROLLED_COPIES, MAX_VECTORIZED_EXTENT
 
 SUPPORTED_DTYPES = ("float16", "float32", "float64", "int8", "int16", "int32", "int64",
                     "uint8", "uint16", "uint32", "uint64", "bool")
@@ -68,12 +78,25 @@ def _const(expr: Any, what: str) -> int:
 
 
 def _check_buffer(buf: Any, limit: int) -> int:
-    """The element count of `buf`; SpecError past `limit` or for a symbolic shape."""
+    """The element count of `buf`; SpecError past `limit` (for the whole buffer, or any one
+    dimension: a (0, 2**40) buffer holds nothing but indexes far), or for a symbolic shape."""
     dims = [_const(d, f"the shape of buffer {buf.name}") for d in buf.shape]
+    check_dims(str(buf.name), dims, limit)
     if math.prod(dims) > limit:
         raise SpecError(f"buffer {buf.name} {dims} has {math.prod(dims)} elements; the limit is "
                         f"{limit}", field=FIELD)
     return math.prod(dims)
+
+
+def _check_compact(buf: Any, how: str) -> None:
+    """SpecError for a buffer laid out other than compactly from its start (strides, an element
+    offset): its indices no longer say which memory it touches, so no bound on them is a bound
+    on the memory."""
+    offset = buf.elem_offset
+    if len(buf.strides) or not (hasattr(offset, "value") and int(offset.value) == 0):
+        raise SpecError(f"{how} {buf.name} has strides {list(buf.strides)} or an element offset "
+                        f"{offset}: only compact buffers (no strides, elem_offset 0) are "
+                        "allowed", field=FIELD)
 
 
 def _check_loop(node: Any) -> int:
@@ -92,32 +115,45 @@ def _check_loop(node: Any) -> int:
 
 
 def _count_iterations(stmt: Any, limit: int) -> int:
-    """Sum over leaf statements of the product of the enclosing loop extents; checks loops and
-    allocations (each buffer, and their total) on the way."""
+    """Sum over leaf statements of the product of the enclosing loop extents (whatever the leaf
+    computes: a loop of no arithmetic runs too); checks loops (the product of nested unrolls:
+    the code they expand to), and allocations (each buffer, and their total) on the way."""
     from ..tvm_api import tvm
 
     tirx = tvm.tirx
     cap = get_settings().max_tensor_elements
     total = allocated = 0
-    stack = [(stmt, 1)]
+    stack = [(stmt, 1, 1)]  # (node, iterations around it, unrolled copies of it)
     while stack:
-        node, mult = stack.pop()
+        node, mult, unrolled = stack.pop()
         if node is None:
             continue
         if isinstance(node, tirx.While):
             raise SpecError("while loops are not allowed", field=FIELD)
         if isinstance(node, tirx.For):
-            mult *= max(_check_loop(node), 0)
+            extent = max(_check_loop(node), 0)
+            mult *= extent
+            if int(node.kind) == int(tirx.ForKind.UNROLLED):
+                unrolled *= extent
+                if unrolled > MAX_UNROLLED_COPIES:
+                    raise SpecError(f"nested T.unroll loops around {node.loop_var} expand to "
+                                    f"{unrolled} copies of their body; the limit is "
+                                    f"{MAX_UNROLLED_COPIES}", field=FIELD)
         keys = [str(k) for k in (getattr(node, "annotations", None) or {})]
         if isinstance(node, tirx.AttrStmt):
             keys.append(str(node.attr_key))
         if any(k.startswith("pragma") for k in keys):  # pragma_import_llvm links LLVM IR text
             raise SpecError(f"pragma annotations are not allowed: {keys}", field=FIELD)
         bufs = list(getattr(node, "alloc_buffers", None) or ())
+        for view in getattr(node, "match_buffers", None) or ():
+            _check_compact(view.buffer, "match_buffer")
         if isinstance(node, tirx.DeclBuffer):
+            _check_compact(node.buffer, "decl_buffer")
             _check_buffer(node.buffer, cap)
         if isinstance(node, tirx.AllocBuffer):
             bufs.append(node.buffer)
+        for buf in bufs:
+            _check_compact(buf, "alloc_buffer")
         for buf in bufs:
             allocated += _check_buffer(buf, cap)
             if allocated > cap:
@@ -131,9 +167,9 @@ def _count_iterations(stmt: Any, limit: int) -> int:
         if not children:
             total += mult
             if total > limit:
-                raise SpecError(f"the loops run more than {limit:.3g} iterations (max_ops)",
-                                field=FIELD)
-        stack.extend((c, mult) for c in children)
+                raise SpecError(f"the loops run more than {limit:.3g} iterations "
+                                "(max_iterations)", field=FIELD)
+        stack.extend((c, mult, unrolled) for c in children)
     return total
 
 
@@ -216,7 +252,7 @@ def parse_tir(spec: dict[str, Any]) -> ParsedTir:
                             f"{', '.join(SUPPORTED_DTYPES)}", field=FIELD)
         args.append((name, tuple(shape), dtype))
     limits = get_settings()
-    iterations = _count_iterations(func.body, int(limits.max_ops))
+    iterations = _count_iterations(func.body, int(min(limits.max_ops, limits.max_iterations)))
     check_data_independent(func.body)
     mod = tvm.IRModule({"main": func})
     try:
@@ -225,6 +261,10 @@ def parse_tir(spec: dict[str, Any]) -> ParsedTir:
         msg = next((ln.split("Error message:", 1)[1].strip() for ln in str(exc).splitlines()
                     if "Error message:" in ln), "a buffer access may be out of bounds")
         raise SpecError(f"out-of-bounds check failed: {msg}"[:300], field=FIELD) from None
+    unproven = unproven_access(func)  # proven in bounds, or refused
+    if unproven is not None:
+        raise SpecError(f"out-of-bounds check failed: an access is not proven inside its "
+                        f"buffer: {unproven}"[:400], field=FIELD)
     # relax spells indices int64; the tuned (and stored) form is int32 where that is exact
     func = narrow_index(func)
     mod = tvm.IRModule({"main": func})

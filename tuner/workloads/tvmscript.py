@@ -399,9 +399,19 @@ def param_buffers(func: Any) -> list[tuple[str, list[int], str]]:
     return out
 
 
+def check_dims(name: str, dims: list[int], limit: int) -> None:
+    """SpecError when one dimension of buffer `name` is past `limit` (max_tensor_elements),
+    whatever the others: a (0, 2**40) buffer holds nothing, and indexes far."""
+    for d in dims:
+        if d > limit:
+            raise SpecError(f"buffer {name} {dims} has a dimension of {d}; the limit "
+                            f"(max_tensor_elements) is {limit}", field=FIELD)
+
+
 def check_params(func: Any) -> None:
     limit = get_settings().max_tensor_elements
     for name, dims, _ in param_buffers(func):
+        check_dims(name, dims, limit)
         n = math.prod(dims)
         if n > limit:
             raise SpecError(f"buffer {name} {dims} has {n} elements; the limit "

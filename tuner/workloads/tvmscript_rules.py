@@ -11,6 +11,7 @@ MAX_STRING_CHARS = 128
 MAX_INT = 2**63
 MAX_VECTORIZED_EXTENT = 64  # lanes of one T.vectorized loop
 MAX_UNROLL_EXTENT = 256  # iterations of one T.unroll loop (code size of the build)
+MAX_UNROLLED_COPIES = 4096  # copies of a body under nested T.unroll loops (their product)
 
 # every character str.splitlines() breaks at (besides "\n"; "\r" and "\r\n" are normalised to
 # "\n"): Python's tokenizer treats them as ordinary characters inside comments and strings

@@ -1,14 +1,18 @@
-"""Indexing by data (`take`, embedding lookups): a gather's index read from a buffer is clamped
-into the buffer before the function is keyed, checked, tuned or run (`tuner.workloads.bounds`),
-so an out-of-range index never reads or writes outside a buffer, and the in-range results are
-numpy's. (Loop bounds read from a buffer stay refused: `test_tvmscript_isolation.py`.)"""
+"""Untrusted kernels provably in bounds (`tuner.workloads.bounds`). Indexing by data (`take`,
+embedding lookups): a gather's index read from a buffer is clamped into the buffer before the
+function is keyed, checked, tuned or run, so an out-of-range index never reads or writes outside
+a buffer, and the in-range results are numpy's. Every other access must be proven inside its
+buffer by the analyser, or the function is refused; so are buffer views that are not compact.
+(Loop bounds read from a buffer stay refused: `test_tvmscript_isolation.py`.)"""
 
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from tests.support import guarded
 from tuner import tvm_api as tv
+from tuner.errors import SpecError
 from tuner.workloads import parse_spec
 from tuner.workloads.bounds import clamp_data_dependent
 
@@ -86,3 +90,53 @@ def test_an_index_in_range_by_construction_is_left_alone() -> None:
     text = TAKE.replace("table[idx[vi], vj]", "table[T.floormod(idx[vi], 16), vj]")
     func = parse_spec({"op": "tir", "tvmscript": text}).prim_func()
     assert "T.max(T.min" not in func.script()
+
+
+# every access of an untrusted function is proven inside its buffer, or the function is refused
+# (each of these compiled and ran past a 16-element buffer before)
+UNPROVEN = '''@T.prim_func
+def f(A: T.Buffer((16,), "float32"), B: T.Buffer((16,), "float32")):
+    for i in range(16):
+        B[{index}] = A[i]
+'''
+
+
+@pytest.mark.parametrize("index", [
+    "T.bitwise_xor(i, 1024)", "T.shift_left(i, 10)", "T.bitwise_not(i)", "T.clz(i)",
+    "T.q_multiply_shift(i, 1073741824, 31, 10)", "T.bitwise_or(i, 64)",
+    'T.Cast("int32", T.Cast("float32", i) * T.float32(1.5))',  # a float-to-int cast
+    "i * 1073741824 * 4 + i",  # wraps around in int32
+])
+def test_an_index_the_analyser_cannot_bound_is_refused(index: str) -> None:
+    with pytest.raises(SpecError) as info:
+        parse_spec({"op": "tir", "tvmscript": UNPROVEN.format(index=index)})
+    msg = str(info.value)
+    assert info.value.field == "tvmscript" and "not proven inside its buffer: B[" in msg, msg
+
+
+@pytest.mark.parametrize("body,fragment", [
+    ('    X = T.alloc_buffer((16,), "float32", strides=[64])\n    for i in range(16):\n'
+     "        X[i] = A[i]\n        B[i] = X[i]\n", "alloc_buffer X has strides"),
+    ("    for i in range(1):\n        with T.sblock(\"v\"):\n"
+     '            V = T.match_buffer(B[0:16], (16,), "float32", elem_offset=1024)\n'
+     "            for j in range(16):\n                V[j] = A[j]\n",
+     "match_buffer V has strides [] or an element offset"),
+])
+def test_a_buffer_view_that_is_not_compact_is_refused(body: str, fragment: str) -> None:
+    text = UNPROVEN.split("    for i")[0].replace("@T.prim_func", "@T.prim_func(s_tir=True)") + body
+    with pytest.raises(SpecError) as info:
+        parse_spec({"op": "tir", "tvmscript": text})
+    assert fragment in str(info.value), str(info.value)
+
+
+def test_a_guarded_access_is_proven_by_its_guard() -> None:
+    """Padding as relax and topi write it: `if_then_else(1 <= i, A[i - 1], 0)` and an `if`."""
+    text = UNPROVEN.replace("        B[{index}] = A[i]",
+                            "        B[i] = T.if_then_else(1 <= i, A[i - 1], T.float32(0))\n"
+                            "        if i < 8:\n            B[i + 8] = A[i]")
+    assert parse_spec({"op": "tir", "tvmscript": text}).key
+    unguarded = UNPROVEN.replace("        B[{index}] = A[i]",
+                                 "        B[i] = T.Select(1 <= i, A[i - 1], T.float32(0))")
+    with pytest.raises(SpecError, match=r"out-of-bounds check failed: .*buffer A"):
+        parse_spec({"op": "tir", "tvmscript": unguarded})  # Select evaluates both sides
+
