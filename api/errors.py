@@ -46,6 +46,7 @@ STATUS: dict[str, int] = {
     "unknown_trial": 409,  # a result for a trial the tuner never issued (or expired)
     "trial_mismatch": 409,  # a result whose job/workload/target/device/candidate differ
     "trial_used": 409,  # a second, different result for a trial already answered
+    "implausible_latency": 422,  # a result faster than any device (min latency, max op rate)
     "database_error": 503,
     "unavailable": 503,
     "internal_error": 500,

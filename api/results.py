@@ -13,6 +13,9 @@ invalidation, no event):
                     target, candidate and the worker's device key (409 trial_mismatch, naming
                     the field), not answered yet (409 trial_used; the same result posted again
                     answers 200 `inserted: false`)
+    the latency     plausible (422 implausible_latency): its fastest sample no faster than
+                    `min_plausible_latency_s` nor than `max_plausible_ops_per_s` operations
+                    per second for the workload's operations
 """
 
 from __future__ import annotations
@@ -97,8 +100,9 @@ def _parse(body: ResultCreate) -> tuple[MeasureInput, MeasureResult]:
     return inp, res
 
 
-def _record(ctx: ApiContext, inp: MeasureInput, res: MeasureResult) -> tuple[NewRecord, str]:
-    """The record and its target key; checks the context names a known workload and target
+def _record(ctx: ApiContext, inp: MeasureInput,
+            res: MeasureResult) -> tuple[NewRecord, str, int]:
+    """The record, its target key and its workload's operation count; checks the context names a known workload and target
     (a bad context must be a 422 the worker gives up on, not a database error it retries)."""
     predicted = (inp.context or {}).get("predicted_s")
     if predicted is not None and not _positive(predicted):
@@ -123,7 +127,7 @@ def _record(ctx: ApiContext, inp: MeasureInput, res: MeasureResult) -> tuple[New
     if wrow.key != inp.workload_key:
         raise _invalid(f"workload_id {rec.workload_id} is {wrow.key}, not {inp.workload_key}",
                        "input.context.workload_id")
-    return rec, tref.key
+    return rec, tref.key, wrow.flops
 
 
 def commit(ctx: ApiContext, worker: WorkerRow, body: ResultCreate) -> ResultPublic:
@@ -135,9 +139,24 @@ def commit(ctx: ApiContext, worker: WorkerRow, body: ResultCreate) -> ResultPubl
         res = dataclasses.replace(res, worker=worker.id)
     if not isinstance(res.worker, str) or len(res.worker) > 128:
         raise _invalid("worker must be text of at most 128 characters", "result.worker")
-    rec, tkey = _record(ctx, inp, res)
+    rec, tkey, flops = _record(ctx, inp, res)
+
+    def plausible(r: NewRecord) -> None:
+        """No single worker sets a best no device can reach: the fastest sample must be at
+        least `min_plausible_latency_s` and at most `max_plausible_ops_per_s` fast."""
+        if res.invalidity is not Invalidity.OK or not res.latencies_s:
+            return
+        fastest = min(res.latencies_s)
+        limit = ctx.settings.max_plausible_ops_per_s
+        if fastest < ctx.settings.min_plausible_latency_s or flops / fastest > limit:
+            raise trials.TrialRejected(
+                "implausible_latency", f"a latency of {fastest:.3g} s is implausible for "
+                f"{flops:.3g} operations (at most {limit:.3g} operations per second and at "
+                f"least {ctx.settings.min_plausible_latency_s:.3g} s a call)",
+                field="result.latencies_s")
+
     try:
-        inserted = trials.commit_result(ctx.store, rec, worker.device_key)
+        inserted = trials.commit_result(ctx.store, rec, worker.device_key, plausible=plausible)
     except trials.TrialRejected as exc:
         log.warning("worker %s: result for trial %s rejected (%s): %s", worker.id, rec.trial_id,
                     exc.code, exc.detail)

@@ -28,6 +28,10 @@ class Settings(BaseSettings):
     # loop iterations of one `tir` workload whatever its loops compute (its unscheduled
     # reference runs them all: a loop of no arithmetic counts no FLOP)
     max_iterations: float = 1e11
+    # a worker's result is refused when faster than any device: under this many seconds a call,
+    # or above this many operations per second (a whole H200 runs about 1e15 dense fp16)
+    min_plausible_latency_s: float = 1e-8
+    max_plausible_ops_per_s: float = 1e15
     max_tvmscript_bytes: int = 64 * 1024
     max_tvmscript_nodes: int = 20_000
 

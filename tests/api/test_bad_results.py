@@ -161,6 +161,8 @@ CASES: list[tuple[str, Callable[[Env], Post], int, str]] = [
      "forbidden"),
     ("unknown-worker", lambda e: Post(e.body(), worker="f" * 32), 404, "not_found"),
     ("user-token", lambda e: Post(e.body(), caller="user"), 403, "forbidden"),
+    # an issued trial answered faster than any device could: no single worker sets a best
+    ("implausible-latency", lambda e: Post(e.body()), 422, "implausible_latency"),
 ]
 
 # the field a 409 names

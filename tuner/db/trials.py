@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -141,11 +141,13 @@ def _check(trial: m.IssuedTrial, rec: NewRecord, device_key: str) -> None:
 
 
 def commit_result(store: Store, rec: NewRecord, device_key: str, *,
-                  now: datetime | None = None) -> bool:
+                  now: datetime | None = None,
+                  plausible: Callable[[NewRecord], None] | None = None) -> bool:
     """Insert the record of a worker's result if its trial was issued to `device_key`, is
     unexpired, unused, and matches (job, workload, target, candidate); stamps the trial used in
     the same transaction. True: inserted; False: this very result was stored before (a retry).
-    Raises `TrialRejected` (nothing written) otherwise."""
+    Raises `TrialRejected` (nothing written) otherwise; `plausible(rec)` is asked last, just
+    before the insert, and may raise it too (a latency no device can reach)."""
     now = now or utcnow()
     with store.session() as s:
         trial = s.get(m.IssuedTrial, rec.trial_id, with_for_update=True)
@@ -166,6 +168,8 @@ def commit_result(store: Store, rec: NewRecord, device_key: str, *,
         if trial.expires_at <= now:
             raise TrialRejected("unknown_trial", f"trial {rec.trial_id} expired at "
                                 f"{trial.expires_at.isoformat()}", field="input.trial_id")
+        if plausible is not None:
+            plausible(rec)
         s.add(m.Record(**rec.columns(now)))
         trial.used_at = now
         s.flush()
