@@ -102,8 +102,9 @@ def _parse(body: ResultCreate) -> tuple[MeasureInput, MeasureResult]:
 
 def _record(ctx: ApiContext, inp: MeasureInput,
             res: MeasureResult) -> tuple[NewRecord, str, int]:
-    """The record, its target key and its workload's operation count; checks the context names a known workload and target
-    (a bad context must be a 422 the worker gives up on, not a database error it retries)."""
+    """The record, its target key and its workload's operation count; checks the context
+    names a known workload and target (a bad context must be a 422 the worker gives up on, not
+    a database error it retries)."""
     predicted = (inp.context or {}).get("predicted_s")
     if predicted is not None and not _positive(predicted):
         raise _invalid("must be a finite number of seconds above zero",
