@@ -37,6 +37,8 @@ from ..workloads import Workload, parse_spec, prime_parser
 from .pipeline import ModelTask
 from .rounds import gradient_plan
 
+_log = logging.getLogger(__name__)
+
 
 @dataclass(frozen=True)
 class ModelRequest:
@@ -93,13 +95,9 @@ class ModelSummary:
     untuned: list[Untuned] = field(default_factory=list)
 
 
-def task_workloads(tasks: list[ModelTask]) -> list[Workload]:
-    """Each task's PrimFunc as a `tir` workload (what the service is sent)."""
-    return [parse_spec({"op": "tir", "tvmscript": t.func.script()}) for t in tasks]
-
-
 def vet_tasks(tasks: list[ModelTask]) -> tuple[list[ModelTask], list[Workload], list[Untuned]]:
-    """(the tasks the `tir` checks accept, their workloads, the others with the reason)."""
+    """(the tasks the `tir` checks accept, their PrimFuncs as `tir` workloads (what the service
+    is sent), the others with the reason)."""
     kept: list[ModelTask] = []
     workloads: list[Workload] = []
     refused: list[Untuned] = []
@@ -129,9 +127,6 @@ def tasks_of(model: model_jobs.ModelRow) -> list[TaskProgress]:
 
 def first_estimate(model: model_jobs.ModelRow) -> float | None:
     return next((e for _, e in model.estimates if e is not None), None)
-
-
-_log = logging.getLogger(__name__)
 
 
 def _untuned(model: model_jobs.ModelRow, errors: dict[str, str]) -> list[Untuned]:
