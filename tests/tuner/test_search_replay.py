@@ -260,3 +260,26 @@ def test_the_search_over_a_fused_relax_conv_task(db: Store) -> None:
     assert got.trials_done == got.measured_now == 8, got.stop_reason
     rows = db.records(job_id=got.job_id)
     assert len(rows) == 8 and all(r.features and r.space == "conv2d-nchwc-x86" for r in rows)
+
+
+def test_a_failing_evolution_falls_back_to_sampling(db: Store, monkeypatch: pytest.MonkeyPatch,
+                                                    caplog: pytest.LogCaptureFixture) -> None:
+    """TVM's evolutionary search can fail on a program it cannot featurize (GPT-2's position-id
+    gather: "args.size() == initial_indices_orig.size()"): the job samples its space instead and
+    spends its budget, and never fails for it."""
+    calls: list[int] = []
+
+    def fail(self: Any) -> Any:
+        calls.append(1)
+        raise RuntimeError("parallel_for_dynamic error with Check failed: (args.size() == "
+                           "initial_indices_orig.size()) is false:")
+
+    monkeypatch.setattr(tv.ms.search_strategy.SearchStrategy, "generate_measure_candidates",
+                        fail)
+    tuner = Tuner(db, ReplayMeasurer(fallback=Synthetic()))
+    done = tuner.run(_req({"op": "matmul", "shape": [16, 32, 24]}, X86, "auto", 12))
+    assert done.trials_done == 12 and done.stop_reason == "budget reached"
+    assert calls == [1]  # tried once: the later batches sample without trying again
+    job = db.get_job(done.job_id)
+    assert job is not None and job.state is JobState.SUCCEEDED
+    assert "the evolutionary search failed" in caplog.text

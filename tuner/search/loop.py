@@ -31,6 +31,7 @@ alone; anything else marks the job FAILED and propagates.
 from __future__ import annotations
 
 import base64
+import logging
 import time
 import uuid
 from collections import Counter
@@ -55,6 +56,8 @@ from tuner.search.history import seed_database, trained_cost_model
 from tuner.search.request import Progress, TuneRequest, TuneSummary, trial_id
 from tuner.search.sampling import interleave, sample_space
 from tuner.search.state import Best, Pick, Run, Search
+
+log = logging.getLogger(__name__)
 
 MAX_LOST_IN_A_ROW = 3  # consecutive infrastructure failures before the job fails
 
@@ -190,13 +193,20 @@ class Tuner:
         # only other workloads (the farm's) picks half of it, random samples the other half
         # (where it transfers badly, they keep the batch from its blind spot)
         model = search.model
-        if not model.trained:
+        if not model.trained or not search.evolves:
             cands = sample_space(search.strategy, search.args_info, req.batch_size)
-        elif model.size == 0:
-            cands = interleave(search.strategy.generate_measure_candidates(),
-                                sample_space(search.strategy, search.args_info, req.batch_size))
         else:
-            cands = search.strategy.generate_measure_candidates()
+            try:
+                evolved = search.strategy.generate_measure_candidates()
+            except Exception as exc:  # TVM's evolution failed on this program: sample it
+                # (seen: GPT-2's position-id gather, "args.size() ==
+                # initial_indices_orig.size()" in the evolution's parallel loop)
+                log.warning("job %s: the evolutionary search failed (%s); sampling the space "
+                            "from now on", run.job_id, str(exc).strip().splitlines()[-1][:200])
+                evolved, search.evolves = None, False
+            samples = (sample_space(search.strategy, search.args_info, req.batch_size)
+                       if model.size == 0 or evolved is None else [])
+            cands = interleave(list(evolved or []), samples)
         # a job with no measurements of its own: related workloads' best schedules, adapted
         # (tuner.search.transfer), head its first batch
         cands, search.related = search.related + list(cands or []), []

@@ -58,6 +58,7 @@ class Search:
     measured: set[str]
     related: list[Any]  # the first batch's head: schedules of related workloads (transfer)
     dup_batches: int = 0  # batches in a row with nothing new
+    evolves: bool = True  # False once TVM's evolution failed on this program: sample instead
 
 
 @dataclass(frozen=True)
