@@ -15,6 +15,7 @@ import math
 from typing import Any
 
 from ..tvm_api import relax, topi, tvm
+from .fixups import mutate_functions
 
 
 @relax.expr_functor.mutator
@@ -52,8 +53,4 @@ class FastGelu:
     """The module pass: every relax function's GELU, erf and tanh made fast."""
 
     def transform_module(self, mod: Any, ctx: Any) -> Any:
-        mutator = _FastGelu(mod)
-        for gv, func in mod.functions_items():
-            if isinstance(func, relax.Function):
-                mutator.builder_.update_func(gv, mutator.visit_expr(func))
-        return mutator.builder_.get()
+        return mutate_functions(_FastGelu(mod), mod)

@@ -44,14 +44,18 @@ class _BoolCompare(relax.PyExprMutator):  # type: ignore[misc]
         return relax.Call(call.op, args, call.attrs)
 
 
+def mutate_functions(mutator: Any, mod: Any) -> Any:
+    """`mod` with every relax function rewritten by `mutator` (a PyExprMutator made on `mod`)."""
+    for gv, func in mod.functions_items():
+        if isinstance(func, relax.Function):
+            mutator.builder_.update_func(gv, mutator.visit_expr(func))
+    return mutator.builder_.get()
+
+
 @tvm.transform.module_pass(opt_level=0, name="TunefarmBoolCompare")
 class BoolCompare:
     """The module pass: every relax function's comparisons and cumulative sums of bool tensors
     made on integers."""
 
     def transform_module(self, mod: Any, ctx: Any) -> Any:
-        mutator = _BoolCompare(mod)
-        for gv, func in mod.functions_items():
-            if isinstance(func, relax.Function):
-                mutator.builder_.update_func(gv, mutator.visit_expr(func))
-        return mutator.builder_.get()
+        return mutate_functions(_BoolCompare(mod), mod)

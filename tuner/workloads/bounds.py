@@ -99,19 +99,19 @@ def clamp_data_dependent(func: Any) -> Any:
             return index
         return _clamp(index, upper)
 
-    def load(n: Any) -> Any:
-        shape = n.source.shape
+    def indices(n: Any, buf: Any) -> list[Any] | None:
+        """The access's indices with the unbounded data-dependent ones clamped; None: as is."""
         idx = [fixed(i, None if (e := _extent(d)) is None else e - 1)
-               for i, d in zip(n.indices, shape, strict=False)]
-        changed = any(not a.same_as(b) for a, b in zip(idx, n.indices, strict=True))
-        return tvm.tirx.BufferLoad(n.source, idx) if changed else n
+               for i, d in zip(n.indices, buf.shape, strict=False)]
+        return idx if any(not a.same_as(b) for a, b in zip(idx, n.indices, strict=True)) else None
+
+    def load(n: Any) -> Any:
+        idx = indices(n, n.source)
+        return n if idx is None else tvm.tirx.BufferLoad(n.source, idx)
 
     def store(n: Any) -> Any:
-        shape = n.buffer.shape
-        idx = [fixed(i, None if (e := _extent(d)) is None else e - 1)
-               for i, d in zip(n.indices, shape, strict=False)]
-        changed = any(not a.same_as(b) for a, b in zip(idx, n.indices, strict=True))
-        return tvm.tirx.BufferStore(n.buffer, n.value, idx) if changed else n
+        idx = indices(n, n.buffer)
+        return n if idx is None else tvm.tirx.BufferStore(n.buffer, n.value, idx)
 
     def region(n: Any) -> Any:
         ranges = []
