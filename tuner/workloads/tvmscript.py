@@ -10,10 +10,10 @@ run. So the text is first checked with Python's `ast` against an allowlist:
 * only statement/expression node types that plain TIR needs (no lambda, comprehension, class,
   global/nonlocal, async/await/yield, try/raise/del, starred calls, walrus, f-strings, `**`);
 * no name or attribute starting with `_`; names must be `T`, a few builtins (range, len, min,
-  max, int, float) or names bound by the function itself; binding `T` or the parser's module
-  names is refused, and a bound name that is also a builtin (`input`, `id`, `max`: relax names
-  buffers after a model's inputs) is renamed to a fresh one before the text is vetted again and
-  parsed (`_renamed`), so names stay data;
+  max, int, float) or names bound by the function itself; binding `T` is refused, and a bound
+  name that is also a builtin or one of the parser's globals (`input`, `id`, `max`, `tvm`: relax
+  names buffers after a model's inputs) is renamed to a fresh one before the text is vetted
+  again and parsed (`_renamed`), so names stay data;
 * calls only to allowlisted `T.*` functions (nothing that calls external or packed functions,
   takes raw pointers, or expands macros) and the builtins above; no `data=` keyword (aliasing);
 * short string constants, bounded integers, `<<` only by a small constant, no operators on
@@ -318,6 +318,16 @@ def canonical_text(text: Any) -> str:
     return canon
 
 
+def _structure_and_names(text: str) -> tuple[ast.Module, ast.FunctionDef, set[str], set[str]]:
+    """The first checks of `text`: limits, structure, node kinds, bound names."""
+    tree = _check_limits(text)
+    fn = _check_structure(tree)
+    for node in ast.walk(fn):
+        _check_kind(node, fn)
+    bound, seqs = _bound_names(fn)
+    return tree, fn, bound, seqs
+
+
 def vet_tvmscript(text: Any) -> str:
     """Check untrusted TVMScript; return the text to hand to the parser: the canonical text
     (`canonical_text`) whose AST was vetted, the optional import line blanked out (the parser
@@ -325,18 +335,10 @@ def vet_tvmscript(text: Any) -> str:
     canon = canonical_text(text)
     if not canon.strip():
         raise SpecError("is empty", field=FIELD)
-    tree = _check_limits(canon)
-    fn = _check_structure(tree)
-    for node in ast.walk(fn):
-        _check_kind(node, fn)
-    bound, seqs = _bound_names(fn)
+    tree, fn, bound, seqs = _structure_and_names(canon)
     renamed = _renamed(canon, fn)
     if renamed is not None:  # vet the renamed text from the start: what is parsed is vetted
-        tree = _check_limits(renamed)
-        fn = _check_structure(tree)
-        for node in ast.walk(fn):
-            _check_kind(node, fn)
-        bound, seqs = _bound_names(fn)
+        tree, fn, bound, seqs = _structure_and_names(renamed)
         if _renamed(renamed, fn) is not None:
             raise _fail("a name the function binds could not be renamed")
         canon = renamed
