@@ -170,6 +170,9 @@ def test_a_person_watches_a_cli_job_to_its_last_trial_and_opens_a_worker(
     assert ui.page.locator("#model-tasks tbody tr").count() == len(TASKS)
     assert ui.text('[data-field="estimate"]') not in ("", "–")
     assert int(ui.page.get_attribute("#model-chart canvas", "data-points") or 0) >= 1
+    # every task tuned: the "why untuned" column is empty and no warning shows
+    assert ui.page.locator('#model-tasks th >> text="why untuned"').count() == 1
+    assert ui.page.locator('[data-field="untuned"]').count() == 0
     ui.shot(shots / "model-1280.png")
 
     # a long job, cancelled from its page

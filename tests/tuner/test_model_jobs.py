@@ -98,7 +98,11 @@ def test_worker_lost_records_do_not_count_and_a_failed_task_stops(store: Store) 
     assert row.spent == 4  # worker_lost: not a trial
     nxt = mj.advance(store, model.id, gradient_plan)
     assert nxt.job_id == a  # the failed task gets no more rounds
-    assert [t.done for t in mj.get_model(store, model.id).tasks] == [False, True]
+    tasks = mj.get_model(store, model.id).tasks
+    assert [t.done for t in tasks] == [False, True]
+    # the failed task is untuned, with its reason (what the dashboard's model page shows)
+    assert [t.untuned for t in tasks] == [False, True] and tasks[1].error == "boom"
+    assert tasks[0].error is None
 
 
 def test_a_task_whose_round_measures_nothing_new_is_done(store: Store) -> None:

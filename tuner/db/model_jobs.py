@@ -89,6 +89,12 @@ class TaskRow:
     best_s: float | None  # the target's best valid record of the workload
     history: list[tuple[int, float | None]]  # (prior + trials, best) after each round
     done: bool
+    error: str | None = None  # its task job's error, when that job failed
+
+    @property
+    def untuned(self) -> bool:
+        """Finished without a valid record: the build gives it relax's default loops."""
+        return self.done and self.best_s is None
 
 
 @dataclass(frozen=True)
@@ -382,7 +388,7 @@ def _tasks(s: Session, row: m.ModelJob) -> list[TaskRow]:
             t.job_id, JobState(job.state) if job is not None else None,
             int(done.get(t.job_id, 0)) if t.job_id else 0, t.prior_trials,
             best.get(t.workload_id), [(int(n), b) for n, b in json.loads(t.history_json)],
-            t.done))
+            t.done, job.error if job is not None and job.state == JobState.FAILED else None))
     return out
 
 

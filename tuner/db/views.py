@@ -109,6 +109,9 @@ class ModelTaskPublic(BaseModel):
     prior_trials: int = Field(description="Measured on this target before this model job.")
     best_s: float | None = Field(description="The target's best latency of this PrimFunc.")
     done: bool = Field(description="No more rounds: its space gave nothing new, or it failed.")
+    untuned: bool = Field(default=False, description=(
+        "Done without a valid record: a build gives it relax's default loops."))
+    error: str | None = Field(default=None, description="Why its task job failed, if it did.")
 
 
 class ModelPublic(BaseModel):
@@ -153,7 +156,7 @@ class ModelPublic(BaseModel):
                 name=t.name, weight=t.weight, workload_key=t.workload_key, space=t.space,
                 job_id=t.job_id, state=str(t.job_state) if t.job_state else None,
                 trials_done=t.trials, prior_trials=t.prior_trials, best_s=t.best_s,
-                done=t.done) for t in row.tasks],
+                done=t.done, untuned=t.untuned, error=t.error) for t in row.tasks],
             created_at=row.created_at.isoformat(), updated_at=row.updated_at.isoformat(),
             started_at=_iso(row.started_at), finished_at=_iso(row.finished_at))
 

@@ -46,7 +46,14 @@ export function render(view, { id }) {
       { label: "share of model", value: (t) => (t.best_s === null ? null : t.best_s * t.weight), num: true, desc: true,
         render: (t) => (t.best_s === null || !m.estimate_s ? "–" : fmt.pct(t.best_s * t.weight / m.estimate_s)) },
       { label: "done", value: (t) => (t.done ? 1 : 0), render: (t) => (t.done ? "yes" : "") },
+      { label: "why untuned", value: (t) => (t.untuned ? t.error || "no valid record" : ""),
+        render: (t) => (t.untuned ? h("span", { class: "error-text" }, t.error || "no valid record") : "") },
     ];
+    const untuned = m.tasks.filter((t) => t.untuned);
+    if (untuned.length) {
+      head.append(h("p", { class: "error-text", dataset: { field: "untuned" } },
+        `${untuned.length} of ${m.tasks.length} tasks have no valid record: a build gives them relax's default loops.`));
+    }
     fill(tasksHost, sortableTable(cols, m.tasks, { sortBy: 6, desc: true }));
   }
 
