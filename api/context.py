@@ -6,6 +6,7 @@ Built in the app's lifespan (never at import time) and reached through `api.deps
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,6 +32,7 @@ class ApiContext:
     keys: Keys
     tokens: TokenCache
     resolver: Resolver
+    cache_secret: bytes = field(default_factory=lambda: os.urandom(32))  # signs Redis entries
     extra: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
@@ -43,7 +45,9 @@ class ApiContext:
                    sync_redis=Redis.from_url(settings.redis_url, **kw),
                    keys=Keys(settings.redis_prefix),
                    tokens=TokenCache(store, ttl_s=settings.token_cache_s),
-                   resolver=Resolver(store))
+                   resolver=Resolver(store),
+                   **({"cache_secret": settings.cache_secret.encode()}
+                      if settings.cache_secret else {}))
 
     async def aclose(self) -> None:
         try:

@@ -94,6 +94,9 @@ class Settings(BaseSettings):
     metrics_token: str | None = None  # if set, GET /metrics needs `Authorization: Bearer` it
     token_cache_s: float = 1.0  # a revoked token is refused by every API process within this
     trial_ttl_s: float = 3600.0  # an issued trial accepts its result until then (and once)
+    # signs the API's Redis best-cache entries (unset: a random secret per API process, so each
+    # trusts only its own entries); API processes sharing a Redis should share one
+    cache_secret: str | None = None
 
     # observability: /metrics of a tuner or worker (0: none; `--metrics-port` overrides), logs
     metrics_port: int = Field(default=0, ge=0, le=65535)

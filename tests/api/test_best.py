@@ -43,7 +43,7 @@ def test_best_lifecycle(client: Any, ctx: Any, user: dict[str, str], worker: dic
     assert isinstance(rec["trace"], list) and isinstance(rec["schedule_python"], str)
     tkey = target_key(ctx.resolver.target("host").json, "local")
     cached = redis_client.get(ctx.keys.best(job["workload_key"], tkey))
-    assert json.loads(cached)["trial_id"] == rec["trial_id"]
+    assert json.loads(cached.partition(".")[2])["trial_id"] == rec["trial_id"]
 
     # a slower or failed record keeps the cache; a faster one replaces it
     _post(client, worker, result_for(job, latency_s=5e-3))
@@ -59,6 +59,29 @@ def test_best_lifecycle(client: Any, ctx: Any, user: dict[str, str], worker: dic
     assert by_key.status_code == 200 and by_key.json()["trial_id"] == fast["input"]["trial_id"]
     # another device key has no record
     assert _best(client, user, device_key="board-b").status_code == 404
+
+
+def test_an_entry_written_into_redis_by_another_is_not_served(
+        client: Any, ctx: Any, user: dict[str, str], worker: dict[str, str], redis_client: Any,
+        submit: Callable[..., dict[str, Any]], result_for: Callable[..., dict[str, Any]]) -> None:
+    from tuner.db.engine import target_key
+
+    job = submit(user)
+    body = result_for(job, latency_s=1e-3)
+    _post(client, worker, body)
+    real = _best(client, user).json()
+    key = ctx.keys.best(job["workload_key"], target_key(ctx.resolver.target("host").json, "local"))
+    forged = {**real, "latency_s": 1e-12, "schedule_python": "import os; os.system('id')"}
+    for entry in (json.dumps(forged),  # unsigned, as the cache held it before
+                  "0" * 64 + "." + json.dumps(forged),  # a made-up signature
+                  redis_client.get(key).partition(".")[0] + "." + json.dumps(forged)):  # moved
+        redis_client.set(key, entry)
+        got = _best(client, user)
+        assert got.status_code == 200 and got.json() == real, entry[:80]
+        assert "os.system" not in redis_client.get(key)  # overwritten with the signed truth
+    # a forged "no record" is not served either
+    redis_client.set(key, "null")
+    assert _best(client, user).json() == real
 
 
 def test_best_survives_a_redis_flush_of_its_key(client: Any, ctx: Any, user: dict[str, str],
