@@ -45,6 +45,7 @@ STATUS: dict[str, int] = {
     "bad_event_id": 400,  # a Last-Event-ID that is not a stream id
     "unknown_trial": 409,  # a result for a trial the tuner never issued (or expired)
     "trial_mismatch": 409,  # a result whose job/workload/target/device/candidate differ
+    "not_lease_holder": 409,  # a result for a trial whose lease another worker holds
     "trial_used": 409,  # a second, different result for a trial already answered
     "implausible_latency": 422,  # a result faster than any device (min latency, max op rate)
     "database_error": 503,

@@ -11,8 +11,9 @@ invalidation, no event):
                     workload and target (422 validation_error, naming the field)
     the trial       issued and unexpired (409 unknown_trial), issued for this job, workload,
                     target, candidate and the worker's device key (409 trial_mismatch, naming
-                    the field), not answered yet (409 trial_used; the same result posted again
-                    answers 200 `inserted: false`)
+                    the field), leased to this worker when the API leased it to one (409
+                    not_lease_holder), not answered yet (409 trial_used; the same result
+                    posted again answers 200 `inserted: false`)
     the latency     plausible (422 implausible_latency): its fastest sample no faster than
                     `min_plausible_latency_s` nor than `max_plausible_ops_per_s` operations
                     per second for the workload's operations
@@ -157,7 +158,8 @@ def commit(ctx: ApiContext, worker: WorkerRow, body: ResultCreate) -> ResultPubl
                 field="result.latencies_s")
 
     try:
-        inserted = trials.commit_result(ctx.store, rec, worker.device_key, plausible=plausible)
+        inserted = trials.commit_result(ctx.store, rec, worker.device_key, plausible=plausible,
+                                        worker_id=worker.id)
     except trials.TrialRejected as exc:
         log.warning("worker %s: result for trial %s rejected (%s): %s", worker.id, rec.trial_id,
                     exc.code, exc.detail)

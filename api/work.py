@@ -34,6 +34,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 from redis.asyncio import Redis as AsyncRedis
 from starlette.concurrency import run_in_threadpool
 
+from tuner.db import trials
 from tuner.db.workers import WorkerRow
 from tuner.measure import MeasureInput, MeasureOptions
 from tuner.queue import Keys, is_cancelled, streams
@@ -273,6 +274,8 @@ def _vet(ctx: ApiContext, worker: WorkerRow, entries: list[streams.Entry]) -> li
             continue
         out.append(LeasedEntry(entry_id=e.id, deliveries=e.deliveries,
                                input=json.loads(inp.to_json())))
+    if out:  # only the worker holding a trial's lease may answer it
+        trials.hold(ctx.store, (str(e.input["trial_id"]) for e in out), worker.id)
     return out
 
 

@@ -79,9 +79,9 @@ def heartbeat(worker_id: WorkerId, body: Heartbeat, ctx: CtxDep,
 def post_result(worker_id: WorkerId, body: ResultCreate, ctx: CtxDep,
                 principal: WorkerDep) -> ResultPublic:
     """Commit one measured trial, accepted only for a trial the tuner issued to this worker's
-    device key, unexpired, once (409 `unknown_trial`, `trial_mismatch`, `trial_used`; the same
-    result posted again answers `inserted: false`). The worker acknowledges its queue entry
-    only after this answered 200."""
+    device key and leased to this worker, unexpired, once (409 `unknown_trial`, `trial_mismatch`,
+    `not_lease_holder`, `trial_used`; the same result posted again answers `inserted: false`).
+    The worker acknowledges its queue entry only after this answered 200."""
     return results.commit(ctx, _acting(ctx, worker_id, principal), body)
 
 

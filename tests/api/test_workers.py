@@ -179,3 +179,30 @@ def test_a_failed_attempt_is_recorded_without_using_the_trial(
     resp = client.post("/v1/workers/w1/results", json=real, headers=worker)
     assert resp.status_code == 200 and resp.json()["inserted"] is True, resp.text
     assert sorted(r.trial_id for r in ctx.store.records(job_id=job["id"])) == sorted([tid, attempt])
+
+
+def test_only_the_worker_holding_a_trials_lease_may_answer_it(
+        client: Any, ctx: Any, user: dict[str, str], worker: dict[str, str],
+        submit: Callable[..., dict[str, Any]], result_for: Callable[..., dict[str, Any]]) -> None:
+    from tuner.db import trials
+    from tuner.queue import streams
+
+    job = submit(user)
+    body = result_for(job, latency_s=1e-3)  # issued to the job's device key; w and w1 exist
+    tid = body["input"]["trial_id"]
+    # the trial's entry, as the tuner enqueues it, leased through the API by w
+    stream = ctx.keys.measure(ctx.store.get_target(ctx.store.get_job(job["id"]).target_id)
+                              .device_key)
+    streams.enqueue(ctx.sync_redis, stream, {"input": json.dumps(body["input"])})
+    leased = client.post("/v1/workers/w/lease", json={"max": 1, "wait_s": 0}, headers=worker)
+    assert [e["input"]["trial_id"] for e in leased.json()["entries"]] == [tid], leased.text
+    assert trials.issued(ctx.store, tid).holder == "w"  # type: ignore[union-attr]
+    # w1, of the same device key and token, answers w's trial: refused, nothing written
+    stolen = client.post("/v1/workers/w1/results", json=body, headers=worker)
+    assert stolen.status_code == 409, stolen.text
+    assert stolen.headers["content-type"] == "application/problem+json"
+    assert stolen.json()["code"] == "not_lease_holder" and ctx.store.record(tid) is None
+    ok = client.post("/v1/workers/w/results", json=body, headers=worker)
+    assert ok.status_code == 200 and ok.json()["inserted"] is True
+    rec = ctx.store.record(tid)
+    assert rec is not None and rec.worker == "w"

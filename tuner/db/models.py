@@ -335,7 +335,8 @@ class Worker(Base):
 
 class IssuedTrial(Base):
     """A candidate the tuner handed to the farm: the API accepts one result for it, from a worker
-    of its device key, before `expires_at`, and only then (`used_at` stamps the result)."""
+    of its device key holding its lease, before `expires_at`, and only then (`used_at` stamps
+    the result)."""
 
     __tablename__ = "issued_trials"
 
@@ -349,3 +350,6 @@ class IssuedTrial(Base):
     issued_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
     expires_at: Mapped[datetime] = mapped_column(UTCDateTime(), index=True)
     used_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    # the worker the API last handed the trial's queue entry to (None: not leased through the
+    # API): only it may answer the trial
+    holder: Mapped[str | None] = mapped_column(String(128), nullable=True)

@@ -4,11 +4,14 @@
                                                job, workload, target and candidate hash from the
                                                input's context), valid for ttl_s; issuing a trial
                                                again only extends its expiry
+    hold(store, trial_ids, worker_id)         the API handed these trials' queue entries to
+                                               `worker_id` (a new lease or a reclaimed one)
     commit_result(store, record, device_key)  the record of a worker's result, inserted only if
                                                it matches its issued, unexpired trial (the input
-                                               as issued: `NewRecord.input_digest`) and the
-                                               worker's device key, and only once: checked, used
-                                               (`used_at`) and inserted in one transaction
+                                               as issued: `NewRecord.input_digest`), the
+                                               worker's device key and the lease's holder, and
+                                               only once: checked, used (`used_at`) and
+                                               inserted in one transaction
 
 A worker that could not measure a trial (worker_lost: its board or sandbox failed) records the
 failed attempt under its own id, `<trial_id[:20]>-lost-<hex>`: accepted for an issued, unexpired
@@ -28,7 +31,7 @@ from collections.abc import Callable, Iterable
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import func, select, update
 
 from ..errors import Conflict
 from ..measure import Invalidity, MeasureInput, MeasureResult
@@ -51,7 +54,8 @@ _LOST_ID = re.compile(r"(?P<base>.{1,20})-lost-[0-9a-f]{1,32}", re.DOTALL)
 class TrialRejected(Conflict):
     """A result the issued trial does not allow: `code` is `unknown_trial` (never issued, or
     expired), `trial_mismatch` (job, workload, target, candidate or device key differ: `field`
-    names it) or `trial_used` (the trial already has a different result)."""
+    names it), `not_lease_holder` (another worker holds the trial's lease) or `trial_used` (the
+    trial already has a different result)."""
 
     def __init__(self, code: str, message: str, *, field: str) -> None:
         super().__init__(message)
@@ -110,6 +114,16 @@ def issue(store: Store, inputs: Iterable[MeasureInput], device_key: str, ttl_s: 
     return len(values)
 
 
+def hold(store: Store, trial_ids: Iterable[str], worker_id: str) -> None:
+    """The queue entries of `trial_ids` were handed to `worker_id`: from now on only it may
+    answer them (a lease that expired and went to another worker moves with it)."""
+    ids = sorted(set(trial_ids))
+    with store.session() as s:
+        for i in range(0, len(ids), 500):
+            s.execute(update(m.IssuedTrial).where(m.IssuedTrial.trial_id.in_(ids[i:i + 500]))
+                      .values(holder=worker_id))
+
+
 def issued(store: Store, trial_id: str) -> m.IssuedTrial | None:
     """The issued row of a trial (detached), or None."""
     with store.session() as s:
@@ -142,10 +156,11 @@ def _check(trial: m.IssuedTrial, rec: NewRecord, device_key: str) -> None:
 
 def commit_result(store: Store, rec: NewRecord, device_key: str, *,
                   now: datetime | None = None,
-                  plausible: Callable[[NewRecord], None] | None = None) -> bool:
+                  plausible: Callable[[NewRecord], None] | None = None,
+                  worker_id: str | None = None) -> bool:
     """Insert the record of a worker's result if its trial was issued to `device_key`, is
-    unexpired, unused, and matches (job, workload, target, candidate); stamps the trial used in
-    the same transaction. True: inserted; False: this very result was stored before (a retry).
+    unexpired, unused, matches (job, workload, target, candidate) and, when the API leased it
+    to a worker, `worker_id` is that worker; stamps the trial used in the same transaction. True: inserted; False: this very result was stored before (a retry).
     Raises `TrialRejected` (nothing written) otherwise; `plausible(rec)` is asked last, just
     before the insert, and may raise it too (a latency no device can reach)."""
     now = now or utcnow()
@@ -158,6 +173,10 @@ def commit_result(store: Store, rec: NewRecord, device_key: str, *,
             raise TrialRejected("unknown_trial", f"trial {rec.trial_id!r} was never issued",
                                 field="input.trial_id")
         _check(trial, rec, device_key)
+        if trial.holder is not None and worker_id is not None and trial.holder != worker_id:
+            raise TrialRejected("not_lease_holder", f"trial {rec.trial_id} is leased to another "
+                                "worker; only the worker holding its lease may answer it",
+                                field="input.trial_id")
         stored = s.scalar(select(m.Record).where(m.Record.trial_id == rec.trial_id))
         if stored is not None or trial.used_at is not None:
             if stored is not None and _same(stored, rec):
