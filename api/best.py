@@ -4,10 +4,11 @@ A warm lookup is: raw query -> (workload_key, target_key) from the in-process re
 Redis GET, an HMAC check, and the cached JSON bytes go out unchanged. Redis holds no authority:
 each entry is `<hmac>.<json>`, signed over its key and text with the API's cache secret
 (`TUNEFARM_CACHE_SECRET`, else a random one per process), and an entry that fails the check (one
-written by anyone else) is a miss, read again from SQL and overwritten. A miss reads SQL and replays the trace
-(TVM) in the thread pool and fills the cache. "No record yet" is cached briefly too. The results
-endpoint invalidates the entry when a faster valid record lands; entries also expire, which
-bounds staleness for records written around the API (e.g. `tunefarm tune` on the same database).
+written by anyone else) is a miss, read again from SQL and overwritten. A miss reads SQL and
+replays the trace (TVM) in the thread pool and fills the cache. "No record yet" is cached
+briefly too. The results endpoint invalidates the entry when a faster valid record lands;
+entries also expire, which bounds staleness for records written around the API (e.g. `tunefarm
+tune` on the same database).
 """
 
 from __future__ import annotations
@@ -58,11 +59,13 @@ def _load(ctx: ApiContext, bk: BestKey) -> str:
     return json.dumps(rec, separators=(",", ":"))
 
 
-async def lookup(ctx: ApiContext, workload: str, target: str, device_key: str) -> str:
-    """The best record's JSON text; NotFound when the workload has no valid record there."""
+async def lookup(ctx: ApiContext, workload: str, target: str, device_key: str,
+                 who: str | None = None) -> str:
+    """The best record's JSON text; NotFound when the workload has no valid record there. A new
+    TVMScript spec is parsed only for a user `who` (`Resolver.best_key`)."""
     bk = ctx.resolver.cached_best_key(workload, target, device_key)
     if bk is None:
-        bk = await run_in_threadpool(ctx.resolver.best_key, workload, target, device_key)
+        bk = await run_in_threadpool(ctx.resolver.best_key, workload, target, device_key, who)
     key = ctx.keys.best(bk.workload_key, bk.target_key)
     try:
         cached = _verified(ctx, key, await ctx.redis.get(key))

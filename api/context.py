@@ -18,6 +18,7 @@ from tuner.db.store import Store
 from tuner.queue.keys import Keys
 
 from .auth import TokenCache
+from .parsegate import ParseGate
 from .resolve import Resolver
 
 log = logging.getLogger(__name__)
@@ -40,14 +41,14 @@ class ApiContext:
         store = Store(settings.resolved_database_url())
         kw: dict[str, Any] = {"decode_responses": True, "socket_connect_timeout": 3,
                               "socket_timeout": 10, "health_check_interval": 30}
+        secret = settings.cache_secret.encode() if settings.cache_secret else os.urandom(32)
         return cls(settings=settings, store=store,
                    redis=AsyncRedis.from_url(settings.redis_url, **kw),
                    sync_redis=Redis.from_url(settings.redis_url, **kw),
                    keys=Keys(settings.redis_prefix),
                    tokens=TokenCache(store, ttl_s=settings.token_cache_s),
-                   resolver=Resolver(store),
-                   **({"cache_secret": settings.cache_secret.encode()}
-                      if settings.cache_secret else {}))
+                   resolver=Resolver(store, ParseGate.from_settings(settings)),
+                   cache_secret=secret)
 
     async def aclose(self) -> None:
         try:

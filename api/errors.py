@@ -41,6 +41,8 @@ STATUS: dict[str, int] = {
     "payload_too_large": 413,
     "rate_limited": 429,  # per-principal request rate (Retry-After)
     "quota_exceeded": 429,  # per-owner queued jobs / trials (Retry-After)
+    "parse_budget": 429,  # per-principal TVMScript texts parsed a minute (Retry-After)
+    "parse_busy": 429,  # every TVMScript parser of the API busy, and the queue full
     "bad_cursor": 400,  # a records/jobs cursor that is not one this API handed out
     "bad_event_id": 400,  # a Last-Event-ID that is not a stream id
     "unknown_trial": 409,  # a result for a trial the tuner never issued (or expired)

@@ -51,13 +51,14 @@ def submit(ctx: ApiContext, body: JobCreate, idempotency_key: str | None,
     quotas) and tell the tuners. The Idempotency-Key is the owner's: another owner's use of the
     same key is unrelated."""
     rhash = request_hash(body)
-    wl = ctx.resolver.workload(body.workload)
+    # quotas before any work (a TVMScript parse child costs seconds); a replay of a keyed
+    # request is answered with its job below
+    jobs_db.Quotas.from_settings(ctx.settings).precheck_new(
+        ctx.store, principal.owner, body.trials, idempotency_key)
     tgt = ctx.resolver.target(body.target)
     check_cores(ctx, tgt.as_dict, body.device_key)
+    wl = ctx.resolver.workload(body.workload, who=principal.owner)
     space = ctx.resolver.space(body.space, wl, tgt)
-    if idempotency_key is None:  # a replay of a keyed request is answered with its job below
-        jobs_db.Quotas.from_settings(ctx.settings).precheck(ctx.store, principal.owner,
-                                                            body.trials)
     wid = ctx.resolver.workload_id(wl)
     tref = ctx.resolver.target_ref(tgt, body.device_key)
     options = JobOptions.from_settings(ctx.settings, batch_size=body.batch_size, seed=body.seed,

@@ -32,19 +32,25 @@ log = logging.getLogger(__name__)
 PARSERS = 4  # TVMScript parser children at once for one submission
 
 
-def _workloads(ctx: ApiContext, tasks: list[ModelTaskCreate]) -> list[Workload]:
-    """Each task's PrimFunc, parsed in throwaway children (a few at once); the first bad one
-    is a 422 naming `tasks.<i>.<field>`."""
+def _workloads(ctx: ApiContext, tasks: list[ModelTaskCreate], who: str) -> list[Workload]:
+    """Each task's PrimFunc, parsed in throwaway children (a chunk of tasks per child, within
+    the API's parse gate and `who`'s parse budget); the first bad one is a 422 naming
+    `tasks.<i>.<field>`."""
+    specs = [{"op": "tir", "tvmscript": t.tvmscript} for t in tasks]
+
     def parse(i: int) -> Workload:
         try:
-            return ctx.resolver.workload({"op": "tir", "tvmscript": tasks[i].tvmscript})
+            return ctx.resolver.workload(specs[i])
         except SpecError as exc:
             inner = (exc.field or "tvmscript").removeprefix("workload.")
             raise type(exc)(exc.detail, field=f"tasks.{i}.{inner}") from exc
 
-    prime_parser([t.tvmscript for t in tasks])  # one child a chunk of tasks, not one each
-    with ThreadPoolExecutor(max_workers=PARSERS) as pool:
-        return list(pool.map(parse, range(len(tasks))))
+    new = [t.tvmscript for t, spec in zip(tasks, specs, strict=True)
+           if not ctx.resolver.knows(spec)]
+    with ctx.resolver.gate.admit(who, len(new)):
+        prime_parser(new)  # one child a chunk of tasks, not one each
+        with ThreadPoolExecutor(max_workers=PARSERS) as pool:
+            return list(pool.map(parse, range(len(tasks))))
 
 
 def submit(ctx: ApiContext, body: ModelCreate, idempotency_key: str | None,
@@ -53,14 +59,14 @@ def submit(ctx: ApiContext, body: ModelCreate, idempotency_key: str | None,
     job with its whole budget), start its first round and tell the tuners. Returns the model
     job and whether this request created it (False: a replay of its Idempotency-Key)."""
     rhash = request_hash(body)
-    tgt = ctx.resolver.target(body.target)
-    check_cores(ctx, tgt.as_dict, body.device_key)
-    workloads = _workloads(ctx, body.tasks)
-    spaces = [ctx.resolver.space(body.space, wl, tgt) for wl in workloads]
     quotas = jobs_db.Quotas.from_settings(ctx.settings)
     quotas.check_job(body.round_trials)
-    if idempotency_key is None:
-        quotas.precheck_owner(ctx.store, principal.owner, body.trials)
+    # quotas before any work: parsing a model's tasks costs a child per 16 of them
+    quotas.precheck_new(ctx.store, principal.owner, body.trials, idempotency_key, model=True)
+    tgt = ctx.resolver.target(body.target)
+    check_cores(ctx, tgt.as_dict, body.device_key)
+    workloads = _workloads(ctx, body.tasks, principal.owner)
+    spaces = [ctx.resolver.space(body.space, wl, tgt) for wl in workloads]
     tref = ctx.resolver.target_ref(tgt, body.device_key)
     tasks = [NewTask(t.name, t.weight, ctx.resolver.workload_id(wl), wl.key, space)
              for t, wl, space in zip(body.tasks, workloads, spaces, strict=True)]

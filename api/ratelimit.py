@@ -35,9 +35,11 @@ class RateLimiter:
         self._buckets: OrderedDict[Hashable, tuple[float, float]] = OrderedDict()
         self._lock = threading.Lock()
 
-    def take(self, key: Hashable, now: float | None = None, *, peek: bool = False) -> float:
-        """Take one request from `key`'s bucket: 0.0 when allowed, else the seconds until one
-        would be (nothing is taken then). `peek`: only say so, take nothing."""
+    def take(self, key: Hashable, now: float | None = None, *, peek: bool = False,
+             n: float = 1.0) -> float:
+        """Take `n` requests (one by default, at most `burst`) from `key`'s bucket: 0.0 when
+        allowed, else the seconds until they would be (nothing is taken then). `peek`: only
+        say so, take nothing."""
         if self.rate_per_s <= 0:  # a rate of 0 (or less): no limit
             return 0.0
         now = time.monotonic() if now is None else now
@@ -45,10 +47,10 @@ class RateLimiter:
             tokens, at = self._buckets.pop(key, (self.burst, now))
             tokens = min(self.burst, tokens + (now - at) * self.rate_per_s)
             wait = 0.0
-            if tokens < 1.0:
-                wait = (1.0 - tokens) / self.rate_per_s
+            if tokens < n:
+                wait = (n - tokens) / self.rate_per_s
             elif not peek:
-                tokens -= 1.0
+                tokens -= n
             self._buckets[key] = (tokens, now)
             if len(self._buckets) > self.max_entries:
                 self._buckets.popitem(last=False)

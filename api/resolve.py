@@ -4,6 +4,10 @@ Parsing a workload spec, canonicalizing a target (TVM) and resolving a search sp
 microseconds to milliseconds (the first `resolve` loads every template: ~1 s), so the API keeps
 small LRU maps from the raw request values to their results. GET /v1/best with a warm cache then
 does no TVM work at all: (workload, target, device_key) as sent -> (workload_key, target_key).
+
+A TVMScript (`tir`) spec the resolver has not parsed yet costs a parse child: with a principal
+(`who`) it is parsed inside the API's parse gate and that principal's parse budget
+(`api.parsegate`); GET /v1/best parses one only for user tokens (a worker asks by key).
 """
 
 from __future__ import annotations
@@ -23,9 +27,11 @@ from tuner.db.catalog import register_workload
 from tuner.db.engine import target_key
 from tuner.db.rows import TargetRef
 from tuner.db.store import Store
-from tuner.errors import NotFound, SpecError
+from tuner.errors import Forbidden, NotFound, SpecError
 from tuner.targets import check_target
 from tuner.workloads import Workload, parse_spec
+
+from .parsegate import ParseGate
 
 K = TypeVar("K")
 V = TypeVar("V")
@@ -84,14 +90,19 @@ class BestKey:
         return self.workload.key
 
 
+def _is_tir(spec: Any) -> bool:
+    return isinstance(spec, dict) and spec.get("op") == "tir"
+
+
 def _digest(value: Any) -> str:
     text = value if isinstance(value, str) else json.dumps(value, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()
 
 
 class Resolver:
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Store, gate: ParseGate | None = None) -> None:
         self.store = store
+        self.gate = gate or ParseGate(slots=2, queue=8, wait_s=10.0, per_min=0)
         self._workloads: LRU[str, Workload] = LRU(1024)
         self._targets: LRU[str, ResolvedTarget] = LRU(256)
         self._spaces: LRU[tuple[str, str, str], str] = LRU(4096)
@@ -106,8 +117,21 @@ class Resolver:
 
     # --- request values ---------------------------------------------------------------------
 
-    def workload(self, spec: dict[str, Any]) -> Workload:
-        return self._workloads.get_or(_digest(spec), lambda: parse_spec(spec))
+    def knows(self, spec: dict[str, Any]) -> bool:
+        """Whether `spec` needs no parse child: parsed before, or not TVMScript."""
+        return not _is_tir(spec) or self._workloads.get(_digest(spec)) is not None
+
+    def workload(self, spec: dict[str, Any], who: str | None = None) -> Workload:
+        """The workload of a request's spec; a new TVMScript text for principal `who` is
+        parsed inside the parse gate and `who`'s budget (429 when either is spent)."""
+        digest = _digest(spec)
+        hit = self._workloads.get(digest)
+        if hit is not None:
+            return hit
+        if who is None or not _is_tir(spec):
+            return self._workloads.put(digest, parse_spec(spec))
+        with self.gate.admit(who):
+            return self._workloads.put(digest, parse_spec(spec))
 
     def target(self, spec: str | dict[str, Any]) -> ResolvedTarget:
         """A target from a request: "host" (this API's CPU), or a dict (or its JSON text) that
@@ -151,25 +175,32 @@ class Resolver:
     def cached_best_key(self, workload: str, target: str, device_key: str) -> BestKey | None:
         return self._best.get((workload, target, device_key))
 
-    def best_key(self, workload: str, target: str, device_key: str) -> BestKey:
+    def best_key(self, workload: str, target: str, device_key: str,
+                 who: str | None = None) -> BestKey:
         """Resolve the raw query values of GET /v1/best (a workload key or JSON spec; "host" or a
-        JSON target). Unknown workload keys are not remembered: they may be tuned later."""
+        JSON target). Unknown workload keys are not remembered: they may be tuned later. A new
+        TVMScript spec is parsed for a user `who` only (None: a worker, which asks by key)."""
         hit = self._best.get((workload, target, device_key))
         if hit is not None:
             return hit
-        wl = self._workload_from_query(workload)
+        wl = self._workload_from_query(workload, who)
         tgt = self.target(target)
         key = BestKey(wl, tgt, device_key, target_key(tgt.json, device_key))
         return self._best.put((workload, target, device_key), key)
 
-    def _workload_from_query(self, text: str) -> Workload:
+    def _workload_from_query(self, text: str, who: str | None) -> Workload:
         text = text.strip()
         if text.startswith("{"):
             try:
                 spec = json.loads(text)
             except json.JSONDecodeError as exc:
                 raise SpecError(f"not valid JSON: {exc.msg}", field="workload") from exc
-            return self.workload(spec)
+            if not isinstance(spec, dict):
+                raise SpecError("a workload spec is a JSON object", field="workload")
+            if who is None and not self.knows(spec):
+                raise Forbidden("a worker token asks for a TVMScript workload by its key "
+                                "(e.g. tir-0123456789abcdef), not by its text")
+            return self.workload(spec, who)
         row = self.store.workload_by_key(text)
         if row is None:
             raise NotFound(f"no workload with key {text!r} has been tuned here; pass the workload "

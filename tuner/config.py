@@ -85,6 +85,12 @@ class Settings(BaseSettings):
     sandbox_fsize_mb: int = 1024  # largest file a child may write (RLIMIT_FSIZE)
     sandbox_user: str = "nobody"  # children drop to this user when started as root ("": never)
     parse_timeout_s: float = 60.0  # a TVMScript parse child running longer is killed
+    # per API process: requests parsing TVMScript at once, more waiting at most parse_wait_s,
+    # and new texts one principal may have parsed a minute (api.parsegate)
+    parse_slots: int = 2
+    parse_queue: int = 8
+    parse_wait_s: float = 10.0
+    parse_per_min: float = 120.0
     max_queued_jobs: int = 50  # per owner: queued + running jobs
     max_trials_per_job: int = 20_000
     max_queued_trials: int = 200_000  # per owner: trials of queued + running jobs

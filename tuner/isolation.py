@@ -56,6 +56,7 @@ class Limits:
     fsize_mb: int | None = 1024  # RLIMIT_FSIZE
     user: str = "nobody"  # dropped to when the parent runs as root; "" keeps the parent's user
     offline: bool = True  # as root: a network namespace of its own (no interface but a down lo)
+    nice: int = 0  # added to the child's niceness (a parse child yields the CPU to the API)
 
     @classmethod
     def from_settings(cls, settings: Settings | None = None, **over: object) -> Limits:
@@ -88,6 +89,8 @@ class Limits:
 
         def apply() -> None:
             os.setsid()
+            if self.nice:
+                os.nice(self.nice)
             if self.memory_mb:
                 _set(resource.RLIMIT_AS, self.memory_mb * _MB)
             if self.cpu_s:

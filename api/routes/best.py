@@ -8,6 +8,7 @@ from fastapi import APIRouter, Query, Response
 from starlette.concurrency import run_in_threadpool
 
 from tuner.db import dashboard
+from tuner.db.tokens import Scope
 
 from .. import best
 from ..deps import CtxDep, ReaderDep
@@ -19,9 +20,10 @@ router = APIRouter(prefix=V1, tags=["best"])
 
 @router.get("/best", response_model=BestPublic, response_class=Response, responses={
     401: {"model": Problem}, 403: {"model": Problem},
-    404: {"model": Problem, "description": "no valid record yet"}, 422: {"model": Problem}})
+    404: {"model": Problem, "description": "no valid record yet"}, 422: {"model": Problem},
+    429: {"model": Problem}})
 async def get_best(
-    ctx: CtxDep, _: ReaderDep,
+    ctx: CtxDep, principal: ReaderDep,
     workload: Annotated[str, Query(min_length=1, max_length=65536, description=(
         "A workload key (e.g. matmul-0123456789abcdef) or the workload spec as JSON"))],
     target: Annotated[str, Query(max_length=4096, description=(
@@ -29,8 +31,10 @@ async def get_best(
     device_key: Annotated[str, Query(pattern=DEVICE_KEY_PATTERN)] = "local",
 ) -> Response:
     """The best record (tuner.records.best_record): latency, GFLOPS, the replayable trace and the
-    schedule as Python."""
-    body = await best.lookup(ctx, workload, target, device_key)
+    schedule as Python. A TVMScript spec this API has not parsed yet is parsed for user tokens
+    only, within their parse budget (429 `parse_budget`, `parse_busy`); workers ask by key."""
+    who = None if principal.scope is Scope.WORKER else principal.owner
+    body = await best.lookup(ctx, workload, target, device_key, who)
     return Response(body, media_type="application/json")
 
 

@@ -146,6 +146,18 @@ class Quotas:
         self.check_job(trials)
         self.precheck_owner(store, owner, trials)
 
+    def precheck_new(self, store: Store, owner: str, trials: int, idempotency_key: str | None,
+                     *, model: bool = False) -> None:
+        """`precheck` (`precheck_owner` for a model job) before anything is parsed, unless
+        the request replays an Idempotency-Key the owner already used (its answer is the job
+        made then, and costs no quota)."""
+        if idempotency_key is not None and key_used(store, owner, idempotency_key, model=model):
+            return
+        if model:
+            self.precheck_owner(store, owner, trials)
+        else:
+            self.precheck(store, owner, trials)
+
     def precheck_owner(self, store: Store, owner: str, trials: int) -> None:
         """The owner's limits only (a model job: its budget spans many task jobs)."""
         with store.session() as s:
@@ -176,6 +188,15 @@ def _owner_lock(owner: str) -> int:
     """A 64-bit advisory lock id of one owner's job creations."""
     return int.from_bytes(hashlib.sha256(f"jobs-of:{owner}".encode()).digest()[:8], "big",
                           signed=True)
+
+
+def key_used(store: Store, owner: str, idempotency_key: str, *, model: bool = False) -> bool:
+    """Whether `owner` already made a job (a model job) with this Idempotency-Key."""
+    table = m.ModelJob if model else m.Job
+    with store.session() as s:
+        n = s.scalar(select(func.count()).select_from(table).where(
+            table.owner == owner, table.idempotency_key == idempotency_key))
+        return bool(n)
 
 
 def create_job(store: Store, new: NewJob, *, settings: Settings | None = None) -> JobRow:

@@ -160,9 +160,10 @@ def commit_result(store: Store, rec: NewRecord, device_key: str, *,
                   worker_id: str | None = None) -> bool:
     """Insert the record of a worker's result if its trial was issued to `device_key`, is
     unexpired, unused, matches (job, workload, target, candidate) and, when the API leased it
-    to a worker, `worker_id` is that worker; stamps the trial used in the same transaction. True: inserted; False: this very result was stored before (a retry).
-    Raises `TrialRejected` (nothing written) otherwise; `plausible(rec)` is asked last, just
-    before the insert, and may raise it too (a latency no device can reach)."""
+    to a worker, `worker_id` is that worker; stamps the trial used in the same transaction.
+    True: inserted; False: this very result was stored before (a retry). Raises
+    `TrialRejected` (nothing written) otherwise; `plausible(rec)` is asked last, just before
+    the insert, and may raise it too (a latency no device can reach)."""
     now = now or utcnow()
     with store.session() as s:
         trial = s.get(m.IssuedTrial, rec.trial_id, with_for_update=True)

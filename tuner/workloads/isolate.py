@@ -45,6 +45,7 @@ from ..isolation import Limits, child_env
 FIELD = "tvmscript"
 CHILD_MODULE = "tuner.workloads.parse_child"
 CACHE_SIZE = 256
+PARSE_NICE = 10  # parse children run niced: the API that started them stays responsive
 _ROOT = str(Path(__file__).resolve().parents[2])  # the directory that holds the tuner package
 
 _cache: OrderedDict[str, tuple[bool, Any]] = OrderedDict()
@@ -109,7 +110,7 @@ def _parse_in_child(texts: list[str]) -> list[tuple[bool, Any]]:
     settings = get_settings()
     timeout = float(settings.parse_timeout_s) * len(texts)
     limits = Limits.from_settings(settings, cpu_s=min(settings.sandbox_cpu_s * len(texts),
-                                                      math.ceil(timeout) + 1))
+                                                      math.ceil(timeout) + 1), nice=PARSE_NICE)
     # an unprivileged user may not reach this interpreter (e.g. under root's home): the child
     # then starts as root with the limits set, imports, and drops itself before reading the text
     late_drop = limits.drop_ids() is not None and not limits.can_exec(sys.executable)
