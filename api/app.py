@@ -20,7 +20,7 @@ from starlette.concurrency import run_in_threadpool
 
 from tuner.config import Settings, get_settings
 
-from . import errors
+from . import errors, openapi
 from .context import ApiContext
 from .hygiene import BodyLimitMiddleware, NulFreeUrlMiddleware
 from .metrics import Metrics, MetricsMiddleware
@@ -79,6 +79,7 @@ def create_app(settings: Settings | None = None, *, freeze_gc: bool = False) -> 
                   lifespan=lifespan)
     app.state.settings = settings
     errors.install(app)
+    openapi.install(app)
     app.add_middleware(NulFreeUrlMiddleware)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
     app.add_middleware(MetricsMiddleware, metrics=metrics)  # outermost: counts 413s too

@@ -6,7 +6,8 @@ A post is checked in this order, and anything rejected writes nothing (no record
 invalidation, no event):
 
     the worker      the caller's token registered `worker_id` (403 forbidden, 404 not_found)
-    the body        a MeasureInput and a MeasureResult of the same trial, latencies finite and
+    the body        a MeasureInput and a MeasureResult (422 validation_error), the input's
+                    trial issued (409 unknown_trial), both of the same trial, latencies finite and
                     > 0 (1..MAX_SAMPLES of them for an ok result), a context naming a known job,
                     workload and target (422 validation_error, naming the field)
     the trial       issued and unexpired (409 unknown_trial), issued for this job, workload,
@@ -82,7 +83,7 @@ def _check_result(res: MeasureResult) -> None:
                        "result.error_msg")
 
 
-def _parse(body: ResultCreate) -> tuple[MeasureInput, MeasureResult]:
+def _parse(ctx: ApiContext, body: ResultCreate) -> tuple[MeasureInput, MeasureResult]:
     try:
         inp = MeasureInput.from_json(json.dumps(body.input))
     except (TypeError, ValueError, KeyError) as exc:
@@ -94,6 +95,11 @@ def _parse(body: ResultCreate) -> tuple[MeasureInput, MeasureResult]:
     for name in ("trial_id", "workload_key", "trace_json"):
         if not isinstance(getattr(inp, name), str):
             raise _invalid(f"{name} must be a string", f"input.{name}")
+    if not isinstance(res.trial_id, str):
+        raise _invalid("trial_id must be a string", "result.trial_id")
+    if len(inp.trial_id) > 128 or not trials.known(ctx.store, inp.trial_id):
+        raise ApiProblem("unknown_trial", f"trial {inp.trial_id[:128]!r} was never issued",
+                         field="input.trial_id")
     if inp.trial_id != res.trial_id:
         raise _invalid(f"result is for trial {res.trial_id!r}, input for {inp.trial_id!r}",
                        "result.trial_id")
@@ -136,7 +142,7 @@ def commit(ctx: ApiContext, worker: WorkerRow, body: ResultCreate) -> ResultPubl
     """Store the result `worker` (acting as itself: see `tuner.db.workers.acting_as`) posted
     for an issued trial; {"trial_id", "inserted"}. The record's `worker` is the result's (e.g.
     the RPC board that ran it), else the posting worker's id."""
-    inp, res = _parse(body)
+    inp, res = _parse(ctx, body)
     if res.worker is None:
         res = dataclasses.replace(res, worker=worker.id)
     if not isinstance(res.worker, str) or len(res.worker) > 128:

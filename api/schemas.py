@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
 
 from tuner.db.views import (
     BestPublic,
@@ -25,10 +25,33 @@ from tuner.db.views import (
 )
 
 __all__ = [
-    "DEVICE_KEY_PATTERN", "OP", "BestPublic", "BestSoFar", "DeviceKey", "Health", "Heartbeat",
-    "JobCreate", "JobPage", "JobPoints", "JobPublic", "ModelCreate", "ModelPage", "ModelPublic",
-    "ModelTaskCreate", "ModelTaskPublic", "Problem", "RecordPage", "RecordPublic", "ResultCreate",
-    "ResultPublic", "Whoami", "WorkerCreate", "WorkerPublic", "WorkerRegistered", "WorkloadBest",
+    "DEVICE_KEY_PATTERN",
+    "OP",
+    "BestPublic",
+    "BestSoFar",
+    "DeviceKey",
+    "Health",
+    "Heartbeat",
+    "JobCreate",
+    "JobPage",
+    "JobPoints",
+    "JobPublic",
+    "JsonInt",
+    "ModelCreate",
+    "ModelPage",
+    "ModelPublic",
+    "ModelTaskCreate",
+    "ModelTaskPublic",
+    "Problem",
+    "RecordPage",
+    "RecordPublic",
+    "ResultCreate",
+    "ResultPublic",
+    "Whoami",
+    "WorkerCreate",
+    "WorkerPublic",
+    "WorkerRegistered",
+    "WorkloadBest",
 ]
 
 DEVICE_KEY_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
@@ -42,6 +65,22 @@ NO_NUL = r"^[^\x00]*$"  # SQL text columns cannot hold NUL characters
 # Request models are strict: JSON types are not coerced ("10" and true are not integers), floats
 # are finite, integers bounded, and unknown fields refused (each a 422 naming the field).
 STRICT = ConfigDict(extra="forbid", strict=True)
+
+
+def integral(value: Any) -> Any:
+    """10.0 is the integer 10 in JSON (and in JSON Schema's "integer"); 10.5 stays a float."""
+    if type(value) is float and value.is_integer():
+        return int(value)
+    return value
+
+
+# an integer field of a strict request model: an integer or an integral float, never a string
+# or a bool
+JsonInt = Annotated[int, BeforeValidator(integral)]
+# optional ones carry their bounds inside (outside, pydantic's schema of `X | None` loses them)
+BatchSize = Annotated[int, Field(ge=1, le=4096), BeforeValidator(integral)]
+Seed = Annotated[int, Field(ge=0, le=INT64_MAX), BeforeValidator(integral)]
+EarlyStop = Annotated[int, Field(ge=1, le=100_000), BeforeValidator(integral)]
 
 
 def _plain_json(value: dict[str, Any]) -> dict[str, Any]:
@@ -89,12 +128,12 @@ class JobCreate(BaseModel):
     target: Annotated[str, Field(max_length=4096, pattern=NO_NUL)] | JsonObject = Field(
         default="host", description='"host" (the API machine\'s CPU) or a TVM target dict.')
     device_key: str = DeviceKey
-    trials: int = Field(default=64, ge=1, le=100_000)
+    trials: JsonInt = Field(default=64, ge=1, le=100_000)
     wall_budget_s: float | None = Field(default=None, gt=0, allow_inf_nan=False)
     space: str = Field(default="default", min_length=1, max_length=64, pattern=NO_NUL)
-    batch_size: int | None = Field(default=None, ge=1, le=4096)
-    seed: int | None = Field(default=None, ge=0, le=INT64_MAX)
-    early_stop: int | None = Field(default=None, ge=1, le=100_000)
+    batch_size: BatchSize | None = None
+    seed: Seed | None = None
+    early_stop: EarlyStop | None = None
 
 
 class JobPage(BaseModel):
@@ -166,7 +205,7 @@ class ModelTaskCreate(BaseModel):
     model_config = STRICT
 
     name: str = Field(pattern=TASK_NAME, description="The PrimFunc's name in the model.")
-    weight: int = Field(default=1, ge=1, le=1_000_000,
+    weight: JsonInt = Field(default=1, ge=1, le=1_000_000,
                         description="Calls per run of the model (the task scheduler's weight).")
     tvmscript: str = Field(min_length=1, pattern=NO_NUL,
                            description="The PrimFunc as TVMScript, vetted like a `tir` workload.")
@@ -183,13 +222,13 @@ class ModelCreate(BaseModel):
     target: Annotated[str, Field(max_length=4096, pattern=NO_NUL)] | JsonObject = Field(
         default="host", description='"host" (the API machine\'s CPU) or a TVM target dict.')
     device_key: str = DeviceKey
-    trials: int = Field(default=256, ge=1, le=1_000_000, description="For the whole model.")
-    round_trials: int = Field(default=16, ge=1, le=100_000,
+    trials: JsonInt = Field(default=256, ge=1, le=1_000_000, description="For the whole model.")
+    round_trials: JsonInt = Field(default=16, ge=1, le=100_000,
                               description="Trials one task gets per round.")
     wall_budget_s: float | None = Field(default=None, gt=0, allow_inf_nan=False)
     space: str = Field(default="default", min_length=1, max_length=64, pattern=NO_NUL)
-    batch_size: int | None = Field(default=None, ge=1, le=4096)
-    seed: int | None = Field(default=None, ge=0, le=INT64_MAX)
+    batch_size: BatchSize | None = None
+    seed: Seed | None = None
 
 
 class ModelPage(BaseModel):
@@ -223,9 +262,33 @@ class Heartbeat(BaseModel):
     model_config = STRICT
 
     state: Literal["idle", "busy", "draining", "quarantined", "offline"] = "idle"
-    measured: int = Field(default=0, ge=0, le=INT32_MAX)
-    failures: int = Field(default=0, ge=0, le=INT32_MAX)
-    infra_failures: int = Field(default=0, ge=0, le=INT32_MAX)
+    measured: JsonInt = Field(default=0, ge=0, le=INT32_MAX)
+    failures: JsonInt = Field(default=0, ge=0, le=INT32_MAX)
+    infra_failures: JsonInt = Field(default=0, ge=0, le=INT32_MAX)
+
+
+def _dataclass_schema(name: str) -> dict[str, Any]:
+    """The JSON Schema of a `tuner.measure` dataclass as its `from_json` reads it: its
+    definitions inlined, and no property it does not have."""
+    from pydantic import TypeAdapter
+
+    from tuner import measure
+
+    schema = TypeAdapter(getattr(measure, name)).json_schema()
+    defs = schema.pop("$defs", {})
+
+    def inline(node: Any) -> Any:
+        if isinstance(node, dict):
+            ref = node.get("$ref", "")
+            if ref.startswith("#/$defs/"):
+                return inline(dict(defs[ref.removeprefix("#/$defs/")]))
+            out = {k: inline(v) for k, v in node.items() if k != "title"}
+            if "properties" in out:
+                out["additionalProperties"] = False
+            return out
+        return [inline(v) for v in node] if isinstance(node, list) else node
+
+    return inline(schema)  # type: ignore[no-any-return]
 
 
 class ResultCreate(BaseModel):
@@ -235,8 +298,11 @@ class ResultCreate(BaseModel):
     model_config = STRICT
 
     input: dict[str, Any] = Field(
-        description="tuner.measure.MeasureInput as a dict (with context).")
-    result: dict[str, Any] = Field(description="tuner.measure.MeasureResult as a dict.")
+        description="tuner.measure.MeasureInput as a dict (with context).",
+        json_schema_extra=lambda s: s.update(_dataclass_schema("MeasureInput")))
+    result: dict[str, Any] = Field(
+        description="tuner.measure.MeasureResult as a dict.",
+        json_schema_extra=lambda s: s.update(_dataclass_schema("MeasureResult")))
 
 
 class ResultPublic(BaseModel):

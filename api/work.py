@@ -38,9 +38,11 @@ from tuner.db import trials
 from tuner.db.workers import WorkerRow
 from tuner.measure import MeasureInput, MeasureOptions
 from tuner.queue import Keys, is_cancelled, streams
+from tuner.queue.streams import STREAM_ID_PATTERN
 
 from .context import ApiContext
 from .metrics import Metrics
+from .schemas import JsonInt
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +62,8 @@ def check_entry_id(value: str) -> str:
     return value
 
 
-EntryId = Annotated[str, Field(max_length=41), AfterValidator(check_entry_id)]
+EntryId = Annotated[str, Field(max_length=41, json_schema_extra={"pattern": STREAM_ID_PATTERN}),
+                    AfterValidator(check_entry_id)]
 EntryIdList = Annotated[list[EntryId], Field(min_length=1, max_length=MAX_ENTRIES)]
 
 
@@ -68,7 +71,7 @@ EntryIdList = Annotated[list[EntryId], Field(min_length=1, max_length=MAX_ENTRIE
 class LeaseRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    max: int = Field(default=1, ge=1, le=MAX_ENTRIES, strict=True,
+    max: JsonInt = Field(default=1, ge=1, le=MAX_ENTRIES, strict=True,
                      description="Entries wanted at most.")
     wait_s: float = Field(default=1.0, ge=0, le=MAX_WAIT_S, allow_inf_nan=False, strict=True,
                           description="How long to wait for new entries when none is ready.")

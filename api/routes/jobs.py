@@ -115,7 +115,8 @@ async def job_events(job_id: str, ctx: CtxDep, principal: UserDep,
                      ) -> StreamingResponse:
     """The job's events as `text/event-stream`, replayed after `Last-Event-ID` (else from the
     start); the stream ends after a "state" event with a terminal state."""
-    start = parse_last_event_id(last_event_id or after)
+    given = parse_last_event_id(after)  # checked even when the header wins
+    start = parse_last_event_id(last_event_id) if last_event_id else given
     await run_in_threadpool(jobs.get, ctx, job_id, principal)  # 404 before the stream starts
     return StreamingResponse(event_stream(ctx, job_id, start), media_type="text/event-stream",
                              headers=SSE_HEADERS)

@@ -10,20 +10,23 @@ from datetime import datetime
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Path, Response
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
 from tuner.db import tokens as tokens_db
 from tuner.db.tokens import TokenInfo
 
 from ..deps import AdminDep, CtxDep, CurrentPrincipal
-from ..schemas import DEVICE_KEY_PATTERN, Problem, Whoami
+from ..schemas import DEVICE_KEY_PATTERN, Problem, Whoami, integral
 from . import V1
 
 router = APIRouter(prefix=f"{V1}/tokens", tags=["tokens"])
 _PROBLEMS: dict[int | str, dict[str, Any]] = {
     401: {"model": Problem}, 403: {"model": Problem}, 422: {"model": Problem}}
 TokenId = Annotated[int, Path(ge=1, le=2**31 - 1, description="The token's id.")]
+
+
+Lifetime = Annotated[int, Field(ge=1, le=tokens_db.MAX_EXPIRES_S), BeforeValidator(integral)]
 
 
 class TokenCreate(BaseModel):
@@ -33,8 +36,8 @@ class TokenCreate(BaseModel):
     name: str = Field(min_length=1, max_length=tokens_db.MAX_NAME_CHARS,
                       description="The principal: tokens of one name own the same jobs "
                                   "(rotation). Not \"local\" nor `token-<digits>`.")
-    expires_in_s: int | None = Field(
-        default=tokens_db.DEFAULT_EXPIRES_S, ge=1, le=tokens_db.MAX_EXPIRES_S,
+    expires_in_s: Lifetime | None = Field(
+        default=tokens_db.DEFAULT_EXPIRES_S,
         description="Lifetime in seconds (default 90 days); null: the token never expires.")
     device_key: str | None = Field(
         default=None, pattern=DEVICE_KEY_PATTERN,

@@ -97,8 +97,9 @@ def test_bad_tvmscript(client: Any, ctx: Any, tokens: dict[str, str], mark: Path
         resp = client.post("/v1/jobs", json={**SUBMIT, "workload": spec},
                            headers=bearer(tokens["user"]))
     else:
+        # a user's query (a worker's is refused before any vetting: test_parse_budget.py)
         resp = client.get("/v1/best", params={"workload": json.dumps(spec)},
-                          headers=bearer(tokens["worker"]))
+                          headers=bearer(tokens["user"]))
     assert resp.status_code == status, resp.text
     assert resp.headers["content-type"] == PROBLEM
     problem = resp.json()

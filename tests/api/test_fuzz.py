@@ -2,10 +2,13 @@
 
 The app runs in process (ASGI) on the real PostgreSQL and Redis of the fixtures. Every operation
 is called with requests that fit its schema (positive) and with requests that do not (negative),
-as an admin and as a user (so authorization paths run too): once with generated path ids
+as an admin, a user and a worker (so authorization paths run too): once with generated path ids
 (mostly unknown: 404s) and once with the ids of a real job and a real worker (so bodies and
-queries reach the handlers behind the lookups). Checks: no answer is a server error (>= 500), and
-every 4xx is an RFC 9457 problem (`application/problem+json` with `code`, `status`, `detail`).
+queries reach the handlers behind the lookups). Checks: no answer is a server error (>= 500),
+every 4xx is an RFC 9457 problem (`application/problem+json` with `code`, `status`, `detail`),
+and the answers conform to the document: every status and content type declared, bodies and
+headers as their schemas say, negative requests refused, positive ones accepted (but for the
+refusals JSON Schema cannot express: SEMANTIC).
 
 Reproducible (derandomized Hypothesis, no example database, no shrinking) and bounded: at least
 MIN_CASES cases, about a minute on two cores, BUDGET_S at most.
@@ -37,6 +40,39 @@ SKIP = {("DELETE", "/v1/tokens/{token_id}")}
 # never with a real id: a real worker's lease waits up to 10 s for work that never comes
 UNPINNED = {("POST", "/v1/workers/{worker_id}/lease")}
 PROBLEM_FIELDS = {"type", "title", "status", "detail", "code"}
+
+
+# What JSON Schema cannot say: an op's shape rules, TVMScript's vetting, a target TVM refuses,
+# whether a cursor or event id is one this API handed out. A schema-valid request may be refused
+# with these codes only; any other refusal (`validation_error`, `malformed_json`, ...) means the
+# document is looser than the validators, and fails the run.
+SEMANTIC = {"invalid_spec", "invalid_target", "bad_cursor", "bad_event_id",
+            "idempotency_conflict", "implausible_latency"}
+
+
+def positive_data_accepted(ctx: Any, response: Any, case: Any) -> bool | None:
+    """Schemathesis' positive_data_acceptance, except for the refusals named in SEMANTIC."""
+    from schemathesis.checks import positive_data_acceptance
+
+    if response.status_code in (400, 422):
+        try:
+            code = json.loads(response.content).get("code")
+        except (ValueError, AttributeError):
+            code = None
+        if code in SEMANTIC:
+            return None
+    return positive_data_acceptance(ctx, response, case)  # type: ignore[no-any-return]
+
+
+def _conformance() -> list[Any]:
+    from schemathesis import checks as c
+
+    return [c.not_a_server_error, c.status_code_conformance, c.content_type_conformance,
+            c.response_schema_conformance, c.response_headers_conformance,
+            c.negative_data_rejection, positive_data_accepted]
+
+
+CONFORMANCE = _conformance()
 
 
 def problem_json(ctx: Any, response: Any, case: Any) -> bool | None:
@@ -104,7 +140,7 @@ def _real_ids(schema: Any, callers: dict[str, dict[str, str]]) -> dict[str, str]
     assert cancel.call(headers=callers["user"]).status_code == 202
     worker = schema["/v1/workers"]["POST"].Case(body={
         "name": "fuzz-worker", "device_key": "local", "target": {"kind": "llvm"}})
-    registered = worker.call(headers=callers["admin"])
+    registered = worker.call(headers=callers["worker"])
     assert registered.status_code == 201, registered.text
     return {"job_id": job_id, "worker_id": registered.json()["id"]}
 
@@ -113,7 +149,6 @@ def _fuzz(op: Any, mode: Any, headers: dict[str, str], path: dict[str, str] | No
           tally: Tally) -> None:
     """EXAMPLES generated cases of one operation (Hypothesis raises the first failure)."""
     from hypothesis import HealthCheck, Phase, given, settings
-    from schemathesis.checks import not_a_server_error
 
     @given(case=op.as_strategy(generation_mode=mode, path_parameters=path))
     @settings(max_examples=EXAMPLES, deadline=None, derandomize=True, database=None,
@@ -121,7 +156,7 @@ def _fuzz(op: Any, mode: Any, headers: dict[str, str], path: dict[str, str] | No
     def fuzz(case: Any) -> None:
         response = case.call(headers=headers)
         tally.count(op, response)
-        case.validate_response(response, checks=[not_a_server_error, problem_json])
+        case.validate_response(response, checks=[*CONFORMANCE, problem_json])
 
     fuzz()
 
@@ -144,7 +179,7 @@ def test_fuzz_the_api(fuzz_app: tuple[Any, Any]) -> None:
     store = app.state.ctx.store
     # the fuzzer's own tokens and ids: nothing it does touches another test's
     callers = {who: {"Authorization": f"Bearer {create_token(store, who, name=f'fuzz-{who}')}"}
-               for who in ("admin", "user")}
+               for who in ("admin", "user", "worker")}
     ids = _real_ids(schema, callers)
     ops = [r.ok() for r in schema.get_all_operations()]
     tally = Tally()
@@ -171,3 +206,52 @@ def test_fuzz_the_api(fuzz_app: tuple[Any, Any]) -> None:
     assert not tally.failures, "\n\n".join(tally.failures)
     assert total >= MIN_CASES, tally.cases
     assert tally.codes["rate_limited"] == 0, "a rate limit kept cases from the handlers"
+
+
+# a stateful run follows the links Schemathesis infers between operations (a job submitted, then
+# read, its records paged, cancelled; a worker registered, then heartbeats and results); never
+# the calls that wait (a lease, the event stream of a job that may still be queued) nor a revoke
+STATEFUL_EXCLUDED = ("/v1/workers/{worker_id}/lease", "/v1/jobs/{job_id}/events",
+                     "/v1/tokens/{token_id}")
+STATEFUL_BUDGET_S = 90.0
+
+
+def test_stateful_workflows_conform(fuzz_app: tuple[Any, Any]) -> None:
+    """Sequences of calls, each answer feeding the next (ids from bodies), as each kind of
+    caller; every answer checked for conformance like the single-call run."""
+    from hypothesis import HealthCheck, settings
+
+    from tuner.db.tokens import create_token
+
+    schema, app = fuzz_app
+    store = app.state.ctx.store
+    callers = {who: {"Authorization": f"Bearer {create_token(store, who, name=f'flow-{who}')}"}
+               for who in ("user", "worker", "admin")}
+    workflow = schema.exclude(path=list(STATEFUL_EXCLUDED)).as_state_machine()
+    steps: Counter[str] = Counter()
+    failures: list[str] = []
+    start = time.monotonic()
+    for who, headers in callers.items():
+
+        class Flow(workflow):  # type: ignore[misc, valid-type]
+            def get_call_kwargs(self, case: Any) -> dict[str, Any]:
+                return {"headers": headers}
+
+            def validate_response(self, response: Any, case: Any, additional_checks: Any = None,
+                                  **kwargs: Any) -> None:
+                steps[f"{case.operation.label} -> {response.status_code}"] += 1
+                assert time.monotonic() - start < STATEFUL_BUDGET_S, "over the stateful budget"
+                case.validate_response(response, checks=[*CONFORMANCE, problem_json])
+
+        try:
+            Flow.run(settings=settings(max_examples=12, stateful_step_count=6, deadline=None,
+                                       derandomize=True, database=None,
+                                       suppress_health_check=list(HealthCheck)))
+        except (Exception, BaseExceptionGroup) as exc:
+            failures.append(f"as {who}: {exc}")
+    total = sum(steps.values())
+    print(f"\nstateful: {total} calls in {time.monotonic() - start:.1f} s; "
+          f"{dict(steps.most_common(12))}")
+    assert not failures, "\n\n".join(failures)
+    # ids flowed from one answer into the next call's path
+    assert total >= 100 and any("{" in s for s in steps), steps

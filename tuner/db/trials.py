@@ -124,6 +124,17 @@ def hold(store: Store, trial_ids: Iterable[str], worker_id: str) -> None:
                       .values(holder=worker_id))
 
 
+def known(store: Store, trial_id: str) -> bool:
+    """Whether `trial_id` was issued, or is a worker's failed attempt at an issued trial (a
+    cheap first check: `commit_result` checks everything again)."""
+    lost = _LOST_ID.fullmatch(trial_id)
+    base = lost["base"] if lost else trial_id
+    same = (m.IssuedTrial.trial_id.startswith(base, autoescape=True) if lost and len(base) == 20
+            else m.IssuedTrial.trial_id == base)
+    with store.session() as s:
+        return s.scalar(select(m.IssuedTrial.trial_id).where(same).limit(1)) is not None
+
+
 def issued(store: Store, trial_id: str) -> m.IssuedTrial | None:
     """The issued row of a trial (detached), or None."""
     with store.session() as s:

@@ -25,6 +25,26 @@ import redis
 
 from .keys import Keys
 
+
+def _below(bound: int) -> str:
+    """A regex of the strings of ASCII digits (leading zeros allowed) no longer than `bound - 1`
+    written out whose value is below `bound`."""
+    top = str(bound - 1)
+    n = len(top)
+    alts = [f"[0-9]{{1,{n - 1}}}"] if n > 1 else []
+    for i, ch in enumerate(top):
+        if ch != "0":
+            rest = f"[0-9]{{{n - i - 1}}}" if i < n - 1 else ""
+            alts.append(f"{top[:i]}[0-{int(ch) - 1}]{rest}")
+    alts.append(top)
+    return "(?:" + "|".join(alts) + ")"
+
+
+# a Redis stream id `<ms>-<seq>`, each part an unsigned 64-bit integer: the pattern the API
+# checks and documents (entry ids, Last-Event-ID)
+STREAM_ID = f"{_below(1 << 64)}-{_below(1 << 64)}"
+STREAM_ID_PATTERN = f"^{STREAM_ID}$"
+
 log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
