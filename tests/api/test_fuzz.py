@@ -234,8 +234,10 @@ def test_stateful_workflows_conform(fuzz_app: tuple[Any, Any]) -> None:
     for who, headers in callers.items():
 
         class Flow(workflow):  # type: ignore[misc, valid-type]
+            caller = headers
+
             def get_call_kwargs(self, case: Any) -> dict[str, Any]:
-                return {"headers": headers}
+                return {"headers": self.caller}
 
             def validate_response(self, response: Any, case: Any, additional_checks: Any = None,
                                   **kwargs: Any) -> None:
