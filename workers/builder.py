@@ -50,15 +50,17 @@ def build_kernel(inp_json: str, out_dir: str, whole: bool = False
     return path, time.perf_counter() - t0, tv.param_specs(mod)
 
 
-def reference_outputs(spec_json: str, seed: int) -> list[Any]:
-    """(In a build process.) The reference outputs of a workload for its inputs of `seed`. For a
-    `tir` workload that is its unscheduled program compiled and run: code from a submission,
-    which a worker never runs in its own process (it holds the worker's token)."""
+def reference_outputs(spec_json: str, seed: int) -> tuple[list[Any], str]:
+    """(In a build process.) The reference outputs of a workload for its inputs of `seed`, and
+    how a candidate's outputs start (`Prepared.fill`). For a `tir` workload that is its
+    unscheduled program compiled and run: code from a submission, which a worker never runs in
+    its own process (it holds the worker's token)."""
     import json
 
     from workers.evaluate import Prepared
 
-    return Prepared(json.loads(spec_json), seed).ensure_reference(lambda _msg: None, "")
+    prep = Prepared(json.loads(spec_json), seed)
+    return prep.ensure_reference(lambda _msg: None, ""), prep.ensure_fill()
 
 
 def file_sha256(path: str) -> str:
@@ -207,15 +209,18 @@ class Prebuilder:
                              f"{str(path)[:200]!r}")
         return path
 
-    def reference(self, spec: dict[str, Any], seed: int, timeout_s: float) -> list[Any]:
-        """The reference outputs of a workload (`reference_outputs`), computed in a build
-        process. Raises RuntimeError naming why when that process fails, dies or runs past
-        its deadline (the running pool's build deadline, else `timeout_s`)."""
+    def reference(self, spec: dict[str, Any], seed: int,
+                  timeout_s: float) -> tuple[list[Any], str]:
+        """The reference outputs of a workload and its candidates' output fill
+        (`reference_outputs`), computed in a build process. Raises RuntimeError naming why when
+        that process fails, dies or runs past its deadline (the running pool's build deadline,
+        else `timeout_s`)."""
         import json
 
         pool = self._ensure_pool(self._timeout or timeout_s)
         try:
-            return list(pool.submit(reference_outputs, json.dumps(spec), seed).result())
+            outputs, fill = pool.submit(reference_outputs, json.dumps(spec), seed).result()
+            return list(outputs), str(fill)
         except TimeoutError as exc:
             raise RuntimeError(f"the reference (the unscheduled program) did not finish within "
                                f"{self._timeout:g} s") from exc

@@ -214,10 +214,12 @@ class RpcMeasurer(Measurer):
             return
         if prep.workload.op != "tir":
             prep.ensure_reference(lambda _msg: None, inp.trial_id)
+            prep.ensure_fill()
             return
         timeout = inp.options.build_timeout_s + inp.options.run_timeout_s
         try:
-            prep.reference = self._prebuilder.reference(inp.workload_spec, prep.seed, timeout)
+            prep.reference, prep.fill = self._prebuilder.reference(inp.workload_spec, prep.seed,
+                                                                   timeout)
         except RuntimeError as exc:
             raise _Failed(Invalidity.RUN_ERROR, str(exc)) from exc
 
@@ -254,7 +256,8 @@ class RpcMeasurer(Measurer):
             with self._step("allocate"):
                 h["args"] = self._bounded(
                     lambda: random_args(built.params or [], h["board"].dev) if packed
-                    else allocate(prep, h["board"].dev), STEP_TIMEOUT_S, "allocating the arguments")
+                    else allocate(prep, h["board"].dev, fill=prep.fill or "zeros"),
+                    STEP_TIMEOUT_S, "allocating the arguments")
             with self._step("run"):
                 latencies, max_err = self._run(h["board"], lambda: self._run_kernel(
                     h["rt"], h["args"], prep, inp, h["board"].dev,
@@ -371,8 +374,9 @@ class RpcMeasurer(Measurer):
         finally:
             self._prebuilder.discard(whole.path)
         with self._step("allocate"):
-            h["args_whole"] = self._bounded(lambda: allocate(prep, h["board"].dev), STEP_TIMEOUT_S,
-                                            "allocating the arguments")
+            h["args_whole"] = self._bounded(
+                lambda: allocate(prep, h["board"].dev, fill=prep.fill or "zeros"), STEP_TIMEOUT_S,
+                "allocating the arguments")
         with self._step("run"):
             return float(self._run(h["board"], lambda: self._run_whole(h, prep),
                                    inp.options.run_timeout_s))

@@ -318,14 +318,27 @@ def _tolerance(outs: list[ArgSpec], flops: int) -> tuple[float, float]:
     return float_tolerance(worst, reduction)
 
 
-def run_reference(mod: Any, args: list[ArgSpec], inputs: list[np.ndarray]) -> list[np.ndarray]:
-    """Build `mod` unscheduled for {"kind": "llvm"}, run it on `inputs`, return the outputs."""
+def output_fill(shape: tuple[int, ...], dtype: str, fill: str = "zeros") -> np.ndarray:
+    """An output buffer before a kernel runs: zeros, or a sentinel no kernel computes by
+    accident (NaN; near the top of an integer type) that shows every element it left unwritten.
+    Booleans have no sentinel: zeros."""
+    if fill == "zeros" or dtype == "bool":
+        return np.zeros(shape, dtype=dtype)
+    if dtype.startswith(("int", "uint")):
+        return np.full(shape, np.iinfo(dtype).max - 3, dtype=dtype)
+    return np.full(shape, np.nan, dtype=dtype)
+
+
+def run_reference(mod: Any, args: list[ArgSpec], inputs: list[np.ndarray],
+                  fill: str = "zeros") -> list[np.ndarray]:
+    """Build `mod` unscheduled for {"kind": "llvm"}, run it on `inputs` with its outputs filled
+    as `output_fill` says, return the outputs."""
     from ..tvm_api import tvm
 
     ex = tvm.compile(mod, target={"kind": "llvm"})
     dev = tvm.cpu()
-    outs = [tvm.runtime.tensor(np.zeros(shape, dtype=dt), dev) for _, shape, dt in
-            args[len(inputs):]]
+    outs = [tvm.runtime.tensor(output_fill(tuple(shape), dt, fill), dev)
+            for _, shape, dt in args[len(inputs):]]
     # np.array, not np.ascontiguousarray: that one makes a 0-d input (a scalar index) 1-d
     ex["main"](*[tvm.runtime.tensor(np.array(x, order="C"), dev) for x in inputs], *outs)
     return [o.numpy() for o in outs]

@@ -100,9 +100,11 @@ class Workload:
             out.append(a)
         return out
 
-    def reference(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
+    def reference(self, inputs: list[np.ndarray], fill: str = "zeros") -> list[np.ndarray]:
         """The expected outputs for `inputs`: numpy (independent of TVM) for the built-in ops;
-        for `tir` the unscheduled function built and run with TVM on this CPU."""
+        for `tir` the unscheduled function built and run with TVM on this CPU, its outputs
+        filled first as `tuner.workloads.tir.output_fill(fill)` says (a kernel that reads an
+        output before writing it depends on that)."""
         ins = self._arg_specs[: self.num_inputs]
         if len(inputs) != len(ins):
             raise SpecError(f"{self.op} takes {len(ins)} inputs, got {len(inputs)}",
@@ -115,7 +117,7 @@ class Workload:
             from .tir import run_reference
 
             arrays = [np.asarray(x, dtype=dt) for (_, _, dt), x in zip(ins, inputs, strict=True)]
-            return run_reference(self.mod(), list(self._arg_specs), arrays)
+            return run_reference(self.mod(), list(self._arg_specs), arrays, fill)
         ref = OPS[self.op].reference
         assert ref is not None
         return ref(self.spec, list(inputs))
