@@ -168,6 +168,8 @@ def test_tune_model_then_build_then_export_and_import(model_py: Path, tmp_path: 
         (best,) = stock.get_top_k(wl, 1)  # stock TVM ranks and replays what was exported
         best.as_measure_candidate()
 
+    home = _cli("db", "import", str(out), env_db=url)  # its own export: nothing added twice
+    assert home.returncode == 0 and f"added 0 ({n} already stored)" in home.stdout, home.stdout
     other = f"sqlite:///{tmp_path / 'other.db'}"
     first = _cli("db", "import", str(out), env_db=other)
     assert first.returncode == 0 and f"read {n} records" in first.stdout, first.stdout

@@ -230,8 +230,9 @@ class TunefarmDatabase(ms.database.PyDatabase):
         self._commit(record, f"ms-{uuid.uuid4().hex}")
 
     def import_record(self, record: Any) -> bool:
-        """Commit a record read from elsewhere (`tunefarm db import`) unless the same record
-        (workload, target, trace, run_secs) is stored already; whether it was added."""
+        """Commit a record read from elsewhere (`tunefarm db import`) unless the same
+        measurement (workload, target, candidate, median) is stored already, under any trial
+        id; whether it was added."""
         return self._commit(record, None)
 
     def _commit(self, record: Any, trial_id: str | None) -> bool:
@@ -249,16 +250,20 @@ class TunefarmDatabase(ms.database.PyDatabase):
         cv = (statistics.pstdev(times) / statistics.fmean(times)
               if valid and statistics.fmean(times) > 0 else None)
         trace_json = trace_to_json(record.trace)
+        imported = trial_id is None
         if trial_id is None:
             digest = hashlib.sha256(f"{wid}|{tid}|{trace_json}|{secs}".encode()).hexdigest()
             trial_id = f"ms-import-{digest[:40]}"
-        return bool(self.store.add_records([NewRecord(
+        new = NewRecord(
             trial_id=trial_id, workload_id=wid, target_id=tid, space=MS_SPACE,
             cand_hash=_cand_hash(record, trace_json), trace_json=trace_json,
             decisions=trace_decisions(record.trace), latencies=secs, median_s=median, cv=cv,
             invalidity=Invalidity.OK if valid else Invalidity.RUN_ERROR,
             error_msg=None if valid else _why_invalid(record.trace, secs),
-            tvm_version=tvm_version())]))
+            tvm_version=tvm_version())
+        if imported and self.store.has_measurement(new):
+            return False  # this very measurement, stored under another trial id
+        return bool(self.store.add_records([new]))
 
     def get_top_k(self, workload: Any, top_k: int) -> list[Any]:
         """The `top_k` fastest valid records of the workloads equal to `workload`."""

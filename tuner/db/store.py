@@ -185,6 +185,13 @@ class Store:
             row = s.get(m.Workload, workload_id)
             return WorkloadRow.of(row) if row else None
 
+    def op_specs(self) -> list[tuple[str, str]]:
+        """(key, spec JSON) of every workload defined by an op spec (not `tir`)."""
+        with self.session() as s:
+            return [(k, j) for k, j in s.execute(
+                select(m.Workload.key, m.Workload.spec_json).where(m.Workload.op != "tir")
+                .order_by(m.Workload.id))]
+
     def workload_by_shash(self, shash: str) -> list[WorkloadRow]:
         with self.session() as s:
             rows = s.scalars(select(m.Workload).where(m.Workload.shash == shash)
@@ -345,6 +352,18 @@ class Store:
         with self.session() as s:
             row = s.scalar(select(m.Record).where(m.Record.trial_id == trial_id))
             return RecordRow.of(row) if row else None
+
+    def has_measurement(self, rec: NewRecord) -> bool:
+        """Whether `rec`'s measurement is stored under any trial id: a record of the same
+        workload, target and sampled decisions with the same latency samples (a failure: with
+        none valid). An imported copy of it adds nothing."""
+        cols = rec.columns(utcnow())
+        same = (m.Record.median_s.is_(None) if rec.median_s is None
+                else m.Record.latencies_json == cols["latencies_json"])
+        with self.session() as s:
+            return s.scalar(select(m.Record.id).where(
+                m.Record.workload_id == rec.workload_id, m.Record.target_id == rec.target_id,
+                m.Record.decisions_json == cols["decisions_json"], same).limit(1)) is not None
 
     def best(self, workload_id: int, target_id: int, k: int = 1) -> list[RecordRow]:
         """The k fastest valid records (invalidity ok), lowest median first."""
