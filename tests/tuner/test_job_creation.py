@@ -123,6 +123,41 @@ def test_create_job_resumes_the_latest_job_of_its_key(store: Store) -> None:
     assert jobs_db.create_job(store, new).id == fresh.id  # the latest one is resumed
 
 
+@pytest.mark.parametrize("ended", [JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED])
+def test_a_resumed_cli_job_is_never_claimed_by_a_service_tuner(store: Store,
+                                                               ended: JobState) -> None:
+    """`tunefarm up` beside `tunefarm tune` on one database: the CLI job that ended (or was
+    interrupted) and is resumed stays the CLI's; the service tuner takes only its own."""
+    from tuner.workloads import parse_spec
+
+    wl = parse_spec(MATMUL)
+    wid = register_workload(store, wl)
+    tref = store.ensure_target('{"kind": "llvm"}', "local")
+    new = jobs_db.NewJob(workload_id=wid, workload_key=wl.key, target=tref, space="s", trials=4,
+                         options=jobs_db.JobOptions(batch_size=2, seed=1),
+                         lease_owner=jobs_db.LOCAL_OWNER, resume=True)
+    job = jobs_db.create_job(store, new)
+    store.set_job_state(job.id, JobState.RUNNING)
+    store.set_job_state(job.id, ended)
+    assert store.get_job(job.id).lease_owner == jobs_db.LOCAL_OWNER  # type: ignore[union-attr]
+    again = jobs_db.create_job(store, replace(new, trials=8))  # `tune` again: resumed
+    assert again.id == job.id
+    store.set_job_state(job.id, JobState.QUEUED, reopen=True)  # as the search loop reopens it
+    assert jobs_db.claim(store, "tuner-1", 30.0) is None
+    # a job stored before, its local lease freed when it ended: resuming takes it back
+    with store.session() as s:
+        from tuner.db import models as m
+
+        s.get(m.Job, job.id).lease_owner = None  # type: ignore[union-attr]
+    jobs_db.create_job(store, new)
+    assert jobs_db.claim(store, "tuner-1", 30.0) is None
+    # the service's own jobs are claimed as before
+    api = jobs_db.create_job(store, replace(new, lease_owner=None, owner="alice", resume=False,
+                                            state=JobState.QUEUED))
+    claimed = jobs_db.claim(store, "tuner-1", 30.0)
+    assert claimed is not None and claimed.id == api.id
+
+
 def test_register_workload_is_idempotent_and_stores_the_canonical_spec(store: Store) -> None:
     from tuner.workloads import parse_spec
 

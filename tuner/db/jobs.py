@@ -42,7 +42,8 @@ from .views import JobPublic, JobStats, RecordPublic
 if TYPE_CHECKING:
     from ..config import Settings
 
-LOCAL_OWNER = "local"  # owner and lease_owner of jobs run by the embedded CLI (no tuner takes them)
+LOCAL_OWNER = m.LOCAL_LEASE  # owner and lease_owner of jobs run by the embedded CLI (no tuner
+# takes them, whatever their state)
 ACTIVE = (JobState.QUEUED.value, JobState.RUNNING.value, JobState.CANCELLING.value)
 
 
@@ -217,6 +218,8 @@ def create_job(store: Store, new: NewJob, *, settings: Settings | None = None) -
         if latest is not None:
             if latest.trials != new.trials:
                 store.update_job_trials(latest.id, new.trials)
+            if new.lease_owner == LOCAL_OWNER and latest.lease_owner != LOCAL_OWNER:
+                store.hold_locally(latest.id)  # stored before local leases outlived a run
             job = store.get_job(latest.id)
             if job is None:  # deleted between the two reads
                 raise NotFound(f"no job {latest.id!r}")

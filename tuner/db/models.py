@@ -62,6 +62,11 @@ class UTCDateTime(TypeDecorator[datetime]):
         return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
 
 
+# lease_owner (and owner) of the jobs the embedded CLI runs: no service tuner claims them, in
+# any state (`tuner.db.jobs.LOCAL_OWNER`)
+LOCAL_LEASE = "local"
+
+
 class Base(DeclarativeBase):
     metadata = MetaData(naming_convention=NAMING_CONVENTION)
 
@@ -166,7 +171,7 @@ class Job(Base):
         current = JobState(self.state)
         if not current.can_become(to, reopen=reopen):
             raise Conflict(f"job {self.id} is {current}; it cannot become {to}")
-        if to.is_terminal:
+        if to.is_terminal and self.lease_owner != LOCAL_LEASE:  # a CLI job stays the CLI's
             self.lease_owner = self.lease_expires_at = None
         self.state, self.updated_at = to.value, now
         if to is JobState.RUNNING and self.started_at is None:

@@ -277,6 +277,14 @@ class Store:
             s.flush()
             return JobRow.of(job)
 
+    def hold_locally(self, job_id: str) -> None:
+        """The job is the embedded CLI's again: no service tuner claims it."""
+        with self.session() as s:
+            job = s.get(m.Job, job_id, with_for_update=True)
+            if job is None:
+                raise NotFound(f"no job {job_id!r}")
+            job.lease_owner, job.lease_expires_at = m.LOCAL_LEASE, None
+
     def update_job_trials(self, job_id: str, trials: int) -> None:
         with self.session() as s:
             job = s.get(m.Job, job_id, with_for_update=True)
