@@ -82,15 +82,40 @@ def spaces_for(workload: Workload, target: Any) -> list[str]:
 
 
 def resolve(name: str, workload: Workload, target: Any) -> str:
-    """The concrete space name: "default" becomes the preferred space; others are checked."""
+    """The concrete space name: "default" becomes the preferred space that generates a design
+    space for the workload (a template that matches but fails on it, e.g. on an intermediate
+    buffer it cannot inline, gives way to the next, and at last to "auto"); others are
+    checked."""
     if name == "default":
-        return spaces_for(workload, target)[0]
+        return next(n for n in spaces_for(workload, target)
+                    if n == "auto" or generates(n, workload, target))
     if name != "auto" and name not in TEMPLATES:
         raise SpecError(f"unknown space {name!r}; known: {', '.join(space_names())}", field="space")
     if name not in spaces_for(workload, target):
         raise SpecError(f"space {name!r} does not apply to {workload.op} on this target; "
                         f"applicable: {', '.join(spaces_for(workload, target))}", field="space")
     return name
+
+
+_GENERATES: dict[tuple[str, str, str], bool] = {}
+
+
+def generates(name: str, workload: Workload, target: Any) -> bool:
+    """Whether template `name` generates a design space for `workload` on `target` (cached)."""
+    key = (name, workload.key, str(target))
+    if key not in _GENERATES:
+        from tuner import tvm_api as tv
+
+        try:
+            ctx = tv.tune_context(workload.mod(), target,
+                                  space=TEMPLATES[name].space(workload, target),
+                                  strategy=search_strategy(name), seed=0, num_threads=1)
+            _GENERATES[key] = bool(tv.design_spaces(ctx))
+        except (SpecError, RuntimeError, ValueError):
+            _GENERATES[key] = False
+        if len(_GENERATES) > 4096:
+            _GENERATES.pop(next(iter(_GENERATES)))
+    return _GENERATES[key]
 
 
 def space_generator(name: str, workload: Workload, target: Any) -> Any:

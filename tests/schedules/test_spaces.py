@@ -100,6 +100,40 @@ def test_default_space_prefers_a_template_and_falls_back_to_auto() -> None:
     assert "gemm-x86" not in registry.spaces_for(matmul, arm)
 
 
+# a GEMM into a function-level buffer, then scaled out: gemm-x86 matches it by structure, but
+# its space fails on it ("... is an output block"); the default must not be that template
+GEMM_INTO_BUFFER = """from tvm.script import tirx as T
+
+@T.prim_func(s_tir=True)
+def main(A: T.Buffer((64, 64), "float32"), B: T.Buffer((64, 64), "float32"),
+         D: T.Buffer((64, 64), "float32")):
+    T.func_attr({"global_symbol": "main", "tirx.noalias": True})
+    C = T.alloc_buffer((64, 64), "float32")
+    for i, j, k in T.grid(64, 64, 64):
+        with T.sblock("C"):
+            vi, vj, vk = T.axis.remap("SSR", [i, j, k])
+            with T.init():
+                C[vi, vj] = T.float32(0)
+            C[vi, vj] = C[vi, vj] + A[vi, vk] * B[vk, vj]
+    for i, j in T.grid(64, 64):
+        with T.sblock("D"):
+            vi, vj = T.axis.remap("SS", [i, j])
+            D[vi, vj] = C[vi, vj] * T.float32(2)
+"""
+
+
+def test_default_skips_a_template_that_cannot_generate_its_space() -> None:
+    wl = parse_spec({"op": "tir", "tvmscript": GEMM_INTO_BUFFER})
+    assert registry.spaces_for(wl, X86)[0] == "gemm-x86"
+    assert not registry.generates("gemm-x86", wl, X86)
+    assert registry.resolve("default", wl, X86) == "auto"
+    with pytest.raises(SpecError, match="no design space"):  # asked for by name: the reason
+        ctx = tv.tune_context(wl.mod(), X86, space=registry.space_generator("gemm-x86", wl, X86),
+                              strategy=registry.search_strategy("gemm-x86"), seed=0,
+                              num_threads=1)
+        tv.design_spaces(ctx)
+
+
 def test_bad_space_names_are_refused_with_the_known_ones() -> None:
     wl = parse_spec({"op": "softmax", "shape": [4, 8]})
     with pytest.raises(SpecError, match=r"unknown space 'nope'.*auto"):
