@@ -45,6 +45,11 @@ def run(args: list[str], tmp_path: Path, timeout: float = 300) -> subprocess.Com
         (["tune", "matmul", "--shape", "4,4,4", "--target", "llvm -mcpu=znver4"], "not a target"),
         (["tune", "matmul", "--shape", "4,4,4", "-p", "dtype=int3"], "dtype"),
         (["tune", "tir"], "--tvmscript"),
+        (["tune", "tir", "--tvmscript", "/nonexistent/k.py"], "cannot read /nonexistent/k.py"),
+        (["spaces", "--tvmscript", "/nonexistent/k.py"], "cannot read /nonexistent/k.py"),
+        # TVM 0.27's dialect: the mistakes of a TVMScript written for 0.26 come with a hint
+        (["tune", "tir", "--tvmscript", "{no_s_tir}"], "@T.prim_func(s_tir=True)"),
+        (["tune", "tir", "--tvmscript", "{tir_import}"], "renamed the tir script module tirx"),
         (["tune", "matmul", "--shape", "4,4,4", "--target", '{"kind": "cuda", "arch": "sm_80"}'],
          "does not run on this machine"),
         (["best", "matmul", "--shape", "8,8,8"], "tune it first"),
@@ -54,7 +59,16 @@ def run(args: list[str], tmp_path: Path, timeout: float = 300) -> subprocess.Com
     ],
 )
 def test_bad_input_is_a_clear_error(args: list[str], fragment: str, tmp_path: Path) -> None:
-    out = run([*args, "--db", f"sqlite:///{tmp_path / 'x.db'}"], tmp_path, timeout=120)
+    from tests.support.tasks import RELU
+
+    files = {"no_s_tir": RELU.replace("@T.prim_func(s_tir=True)", "@T.prim_func"),
+             "tir_import": RELU.replace("tirx as T", "tir as T")}
+    for name, text in files.items():
+        (tmp_path / f"{name}.py").write_text(text)
+    for name in files:
+        args = [a.replace(f"{{{name}}}", str(tmp_path / f"{name}.py")) for a in args]
+    db = [] if args[0] == "spaces" else ["--db", f"sqlite:///{tmp_path / 'x.db'}"]
+    out = run([*args, *db], tmp_path, timeout=120)
     assert out.returncode == 2, out.stdout + out.stderr
     assert fragment in out.stderr
     assert "Traceback" not in out.stderr

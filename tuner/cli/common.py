@@ -54,7 +54,14 @@ def workload_arg(op: str, shape: str | None, params: list[str] | None,
     if op == "tir":
         if tvmscript is None:
             raise SpecError("op 'tir' needs --tvmscript FILE", field="tvmscript")
-        return parse_spec({"op": "tir", "tvmscript": tvmscript.read_text()})
+        try:
+            text = tvmscript.read_text()
+        except OSError as exc:  # missing, a directory, unreadable
+            raise SpecError(f"cannot read {tvmscript}: {exc.strerror or exc}",
+                            field="tvmscript") from exc
+        except UnicodeDecodeError as exc:
+            raise SpecError(f"{tvmscript} is not UTF-8 text", field="tvmscript") from exc
+        return parse_spec({"op": "tir", "tvmscript": text})
     if shape is None:
         raise SpecError(f"--shape is required for op {op!r}", field="shape")
     kv: dict[str, str] = {}

@@ -179,10 +179,21 @@ def _parse_here(vetted: str) -> tuple[bool, Any]:
     try:
         return True, prim_func_from_tvmscript(vetted)
     except Exception as exc:  # DiagnosticError, TypeError, ValueError, ... from the parser
-        return False, f"TVMScript parser: {first_error_line(exc)}"
+        return False, parser_error(exc, vetted)
 
 
 _LOC = re.compile(r"-->\s*\S*?:(\d+):(\d+)")
+
+
+def parser_error(exc: BaseException, text: str) -> str:
+    """The parser's refusal of `text`, with a hint for TVM 0.27's dialect where it applies."""
+    msg = f"TVMScript parser: {first_error_line(exc)}"
+    if "not well-formed" in msg and "s_tir=True" not in text and "T.sblock" in text:
+        msg += (" (hint: in TVM 0.27 a PrimFunc with T.sblock blocks is declared "
+                "@T.prim_func(s_tir=True))")
+    elif "T.block(" in text and "sblock" not in text:
+        msg += " (hint: TVM 0.27 names blocks T.sblock, not T.block)"
+    return msg
 
 
 def first_error_line(exc: BaseException) -> str:

@@ -30,7 +30,7 @@ def handle(request: dict[str, Any]) -> dict[str, Any]:
     from ..config import get_settings
     from ..errors import SpecError
     from ..tvm_api import prim_func_from_tvmscript, save_json
-    from .isolate import first_error_line
+    from .isolate import parser_error
     from .tvmscript import vet_tvmscript
 
     settings = get_settings()
@@ -46,7 +46,7 @@ def handle(request: dict[str, Any]) -> dict[str, Any]:
     try:
         func = prim_func_from_tvmscript(vetted)
     except Exception as exc:  # DiagnosticError, TypeError, ValueError, ... from the parser
-        return {"ok": False, "error": f"TVMScript parser: {first_error_line(exc)}"}
+        return {"ok": False, "error": parser_error(exc, vetted)}
     return {"ok": True, "json": save_json(func)}
 
 

@@ -131,7 +131,7 @@ def _check_structure(tree: ast.Module) -> ast.FunctionDef:
     for node in body:
         if isinstance(node, ast.Import | ast.ImportFrom):
             raise _fail("the only import allowed is 'from tvm.script import tirx as T' "
-                        "(first line)", node)
+                        "(first line; TVM 0.27 renamed the tir script module tirx)", node)
     funcs = [n for n in body if isinstance(n, ast.FunctionDef)]
     if len(funcs) != 1 or len(body) != 1:
         what = ", ".join(type(n).__name__ for n in body) or "nothing"
