@@ -53,9 +53,16 @@ def run(args: list[str], tmp_path: Path, timeout: float = 300) -> subprocess.Com
         (["tune", "matmul", "--shape", "4,4,4", "--target", '{"kind": "cuda", "arch": "sm_80"}'],
          "does not run on this machine"),
         (["best", "matmul", "--shape", "8,8,8"], "tune it first"),
+        # the API's target allowlist, cores bounded by this machine's
+        (["tune", "matmul", "--shape", "4,4,4", "--target", '{"kind": "llvm", "num-cores": 0}'],
+         "target.num-cores: must be an integer from 1 to"),
+        (["tune", "matmul", "--shape", "4,4,4", "--target", '{"kind": "llvm", "num-cores": 512}'],
+         "target.num-cores"),
+        (["tune", "matmul", "--shape", "4,4,4", "--target",
+          '{"kind": "llvm", "cl-opt": ["-x86-asm-syntax=intel"]}'], "target.cl-opt"),
         # text from outside is printed as it is, never read as rich markup (this raised
         # MarkupError with a traceback)
-        (["tune", "matmul", "--shape", "4,4,4", "--target", '{"kind": "[/x]"}'], '"[/x]"'),
+        (["tune", "matmul", "--shape", "4,4,4", "--target", '{"kind": "[/x]"}'], "'[/x]'"),
     ],
 )
 def test_bad_input_is_a_clear_error(args: list[str], fragment: str, tmp_path: Path) -> None:

@@ -74,11 +74,20 @@ def workload_arg(op: str, shape: str | None, params: list[str] | None,
 
 
 def target_arg(spec: str, *, runnable_here: bool = False) -> dict[str, Any]:
-    """The target `--target` names, as a dict; `runnable_here`: refuse one this machine cannot
-    run (local tuning measures here)."""
+    """The target `--target` names, as a dict, checked against the allowlist the API applies
+    (`tuner.targets`); `runnable_here`: refuse one this machine cannot run (local tuning
+    measures here), `num-cores` above its cores included."""
     from tuner import tvm_api as tv
+    from tuner.config import physical_cores
     from tuner.errors import TargetError
+    from tuner.targets import MAX_CORES, check_target
 
+    if spec.strip().startswith("{"):  # the API's allowlist, cores bounded by what runs it
+        try:
+            given = json.loads(spec)
+        except json.JSONDecodeError as exc:
+            raise TargetError(f"not valid JSON: {exc.msg}", field="target") from exc
+        check_target(given, max_cores=physical_cores() if runnable_here else MAX_CORES)
     d = tv.target_to_dict(tv.make_target(spec))
     if runnable_here:
         host_triple = str(tv.tvm_ffi.get_global_func("target.llvm_get_system_triple")())
