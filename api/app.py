@@ -24,7 +24,7 @@ from . import errors, openapi
 from .context import ApiContext
 from .hygiene import BodyLimitMiddleware, NulFreeUrlMiddleware
 from .metrics import Metrics, MetricsMiddleware
-from .routes import best, health, jobs, models, spaces, tokens, ui, work, workers
+from .routes import best, docs, health, jobs, models, spaces, tokens, ui, work, workers
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +75,7 @@ def create_app(settings: Settings | None = None, *, freeze_gc: bool = False) -> 
             await ctx.aclose()
 
     app = FastAPI(title="tunefarm", version=_version(), description=DESCRIPTION,
-                  openapi_url="/v1/openapi.json", docs_url="/v1/docs", redoc_url=None,
+                  openapi_url="/v1/openapi.json", docs_url=None, redoc_url=None,
                   lifespan=lifespan)
     app.state.settings = settings
     errors.install(app)
@@ -83,10 +83,11 @@ def create_app(settings: Settings | None = None, *, freeze_gc: bool = False) -> 
     app.add_middleware(NulFreeUrlMiddleware)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
     app.add_middleware(MetricsMiddleware, metrics=metrics)  # outermost: counts 413s too
-    for module in (jobs, models, best, spaces, workers, work, tokens, health, ui):
+    for module in (jobs, models, best, spaces, workers, work, tokens, health, ui, docs):
         app.include_router(module.router)
     app.include_router(tokens.whoami_router)
     ui.mount(app)
+    docs.mount(app)
     return app
 
 

@@ -22,6 +22,9 @@ import pytest
 DEFAULT_PG_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 
+# fixtures shared by several folders: `browser` (Chromium via Playwright)
+pytest_plugins = ["tests.support.browser"]
+
 
 def _unavailable(what: str, exc: BaseException, override: str) -> NoReturn:
     reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]

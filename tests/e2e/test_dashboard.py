@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -22,30 +21,6 @@ import pytest
 from tests.e2e.farm import TARGET, Farm, running_farm
 
 pytestmark = pytest.mark.slow
-
-CHROMIUM = os.environ.get("TUNEFARM_CHROMIUM") or shutil.which("chromium") or shutil.which(
-    "chromium-browser")
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    why = None
-    try:
-        from playwright.sync_api import sync_playwright
-    except ImportError:
-        why = "playwright is not installed (pip install -e '.[test]')"
-    if why is None and CHROMIUM is None:
-        why = "no Chromium (apt-get install chromium; or set TUNEFARM_CHROMIUM)"
-    if why is not None:
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail(f"{why}; CI=true requires the browser tests", pytrace=False)
-        pytest.skip(why)
-    args = ["--no-sandbox"] if os.geteuid() == 0 else []  # Chromium refuses root otherwise
-    with sync_playwright() as pw:
-        b = pw.chromium.launch(executable_path=CHROMIUM, args=args)
-        yield b
-        b.close()
-
 
 @pytest.fixture
 def shots(tmp_path: Path) -> Path:
