@@ -103,3 +103,33 @@ def test_cancel_stops_a_running_job(farm: Farm, pg_url: str) -> None:
     assert client.cancel_job(job["id"])["state"] in ("CANCELLING", "CANCELLED")  # idempotent
     final = _wait_terminal(client, job["id"], 60, farm)
     assert final["state"] == "CANCELLED" and final["trials_done"] < 400, final
+
+
+def _cli(farm: Farm, *args: str) -> Any:
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, "-m", "tuner", *args],
+                          env={**farm.env, "TUNEFARM_TOKEN": farm.user_token, "COLUMNS": "200"},
+                          capture_output=True, text=True, timeout=120, check=False)
+
+
+def test_service_jobs_from_the_cli_submit_list_cancel_follow(farm: Farm) -> None:
+    """`submit --no-follow` prints the id alone; `jobs`, `cancel` and `follow` work on it (no
+    tuner runs: the job waits, queued, until it is cancelled)."""
+    sub = _cli(farm, "submit", "matmul", "--shape", "64,64,64", "--trials", "8",
+               "--device-key", "e2e", "--target", json.dumps(TARGET), "--no-follow")
+    assert sub.returncode == 0, sub.stderr
+    (job_id,) = sub.stdout.split()  # stdout: the id, nothing else (scripts read it)
+    assert "watch it at" in sub.stderr and job_id in sub.stderr
+    listed = _cli(farm, "jobs", "--json")
+    assert listed.returncode == 0, listed.stderr
+    assert [json.loads(line)["id"] for line in listed.stdout.splitlines()] == [job_id]
+    table = _cli(farm, "jobs", "--state", "QUEUED")
+    assert job_id in table.stdout and "QUEUED" in table.stdout, table.stdout
+    cancelled = _cli(farm, "cancel", job_id)
+    assert cancelled.returncode == 0 and "CANCELLED" in cancelled.stdout, cancelled.stderr
+    followed = _cli(farm, "follow", job_id)  # an ended job: how it ended, exit 1 (not succeeded)
+    assert followed.returncode == 1 and "CANCELLED: 0/8 trials" in followed.stdout, followed
+    unknown = _cli(farm, "follow", "f" * 32)
+    assert unknown.returncode == 2 and "not_found" in unknown.stderr + unknown.stdout, unknown

@@ -4,6 +4,7 @@ app, the tuner service and the worker agent together, and the one that starts th
 - `common.py`: consoles, option types, argument parsing and error reporting the commands share;
 - `tune.py`: tune (the embedded search on this machine), best, records, spaces, db upgrade;
 - `service.py`: serve, tuner, worker, submit, up;
+- `remote.py`: jobs, follow, cancel (the service's jobs, through the API);
 - `model.py`: tune-model, build, db export, db import;
 - `costmodel.py`: model status, model train (the farm's cost models);
 - `tokens.py`: token create/list/revoke, and the tokens `up` keeps and reuses.
@@ -20,7 +21,7 @@ import sys
 import typer
 
 from tuner import lean
-from tuner.cli import costmodel, model, service, tokens, tune
+from tuner.cli import costmodel, model, remote, service, tokens, tune
 
 # the commands that read model files, which may need torch (`tuner.model.load`)
 TORCH_COMMANDS = frozenset({"tune-model", "build"})
@@ -54,6 +55,9 @@ app.command()(service.serve)
 app.command("tuner")(service.tuner_cmd)
 app.command()(service.worker)
 app.command()(service.submit)
+app.command()(remote.jobs)
+app.command()(remote.follow)
+app.command()(remote.cancel)
 app.command()(service.up)
 
 

@@ -13,7 +13,7 @@ from rich.table import Table
 from rich.text import Text
 
 from tuner.cli.common import DbOpt, TargetOpt, console, fail, fmt_s, open_store, target_arg
-from tuner.cli.service import TERMINAL, TokenOpt, client_token
+from tuner.cli.remote import TERMINAL, TokenOpt, client_token
 from tuner.config import get_settings
 from tuner.errors import SpecError, TunefarmError
 

@@ -15,21 +15,17 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.text import Text
 
-from tuner.cli import common
-from tuner.cli.common import DbOpt, TargetOpt, console, err, fail, fmt_s, open_store, target_arg
+from tuner.cli import common, remote
+from tuner.cli.common import DbOpt, TargetOpt, console, err, fail, open_store, target_arg
+from tuner.cli.remote import ApiOpt, TokenOpt, client_token
 from tuner.cli.tokens import token_file, up_tokens
 from tuner.config import Settings, get_settings
 from tuner.errors import TunefarmError
 
 RedisOpt = Annotated[str | None, typer.Option(
     "--redis", help="Redis URL (default: TUNEFARM_REDIS_URL).")]
-ApiOpt = Annotated[str | None, typer.Option(
-    "--api", help="API base URL (default: TUNEFARM_API_URL).")]
-TokenOpt = Annotated[str | None, typer.Option(
-    "--token", help="Bearer token (default: TUNEFARM_TOKEN, else the one `tunefarm up` saved).")]
 MetricsPortOpt = Annotated[int | None, typer.Option(
     "--metrics-port", min=0, max=65535,
     help="Serve Prometheus metrics at http://HOST:PORT/metrics (default: TUNEFARM_METRICS_PORT; "
@@ -37,7 +33,6 @@ MetricsPortOpt = Annotated[int | None, typer.Option(
 MetricsHostOpt = Annotated[str | None, typer.Option(
     "--metrics-host", help="Bind address of the metrics endpoint (default: TUNEFARM_METRICS_HOST, "
                            "127.0.0.1; 0.0.0.0 for a scraper on another host).")]
-TERMINAL = ("SUCCEEDED", "FAILED", "CANCELLED")
 
 
 def _log_setup() -> None:
@@ -51,16 +46,6 @@ def _log_setup() -> None:
 def _settings(db: str | None = None, redis: str | None = None) -> Settings:
     s = get_settings()
     return s.model_copy(update={k: v for k, v in (("database_url", db), ("redis_url", redis)) if v})
-
-
-def client_token(token: str | None) -> str:
-    tok = token or get_settings().token
-    if not tok and token_file().exists():
-        tok = token_file().read_text().strip()
-    if not tok:
-        raise TunefarmError("no API token: pass --token, set TUNEFARM_TOKEN, or create one with "
-                            "`tunefarm token create --scope user`")
-    return tok
 
 
 def _check_redis(url: str) -> None:
@@ -191,38 +176,16 @@ def submit(
         fail(TunefarmError(f"--target: not JSON ({exc})"))
     except (TunefarmError, ApiError) as exc:
         fail(exc if isinstance(exc, TunefarmError) else TunefarmError(str(exc)))
-    console.print(Text.assemble("job ", (str(job["id"]), "bold"),
-                                f" {job['state']}: {job['workload_key']} on "
-                                f"{json.dumps(job['target'])} ({job['device_key']})"),
-                  highlight=False)
+    # with --no-follow stdout holds the id alone (for scripts); the rest goes to stderr
+    (console if follow else err).print(
+        Text.assemble("job ", (str(job["id"]), "bold"), f" {job['state']}: "
+                      f"{job['workload_key']} on {json.dumps(job['target'])} "
+                      f"({job['device_key']})"), highlight=False)
     err.print(f"watch it at {client.base_url}/ui#/jobs/{job['id']}", highlight=False)
     if not follow:
         sys.stdout.write(job["id"] + "\n")
         return
-    final = _follow(client, job)
-    best = final.get("best") or {}
-    gf = f"  {best['gflops']:.1f} GFLOPS" if best.get("gflops") else ""
-    console.print(f"{final['state']}: {final['trials_done']}/{final['trials']} trials, best "
-                  f"{fmt_s(best.get('latency_s'))}{gf}" +
-                  (f"  error: {final['error']}" if final.get("error") else ""), highlight=False)
-    raise typer.Exit(0 if final["state"] == "SUCCEEDED" else 1)
-
-
-def _follow(client: Any, job: dict[str, Any]) -> dict[str, Any]:
-    columns = [TextColumn("[bold blue]{task.fields[state]}"), BarColumn(), MofNCompleteColumn(),
-               TextColumn("best {task.fields[best]}  {task.fields[gflops]} GFLOPS"),
-               TimeElapsedColumn()]
-    with Progress(*columns, console=console) as bar:
-        task = bar.add_task("job", total=job["trials"], state=job["state"], best="-", gflops="-")
-        for _id, kind, data in client.events(job["id"]):
-            if kind == "progress":
-                bar.update(task, completed=data.get("done", 0), best=fmt_s(data.get("best_s")),
-                           gflops=f"{data['best_gflops']:.1f}" if data.get("best_gflops") else "-")
-            elif kind == "state":
-                bar.update(task, state=data.get("state", "?"))
-                if data.get("state") in TERMINAL:
-                    break
-    return client.get_job(job["id"])
+    remote.finish(client, job)
 
 
 def up(
