@@ -71,6 +71,7 @@ class Settings(BaseSettings):
     heartbeat_s: float = 5.0
     max_deliveries: int = 3  # deliveries of one measurement before it is dead-lettered
     queue_wait_s: float = 900.0  # a trial no worker finished by then is a worker_lost failure
+    no_worker_timeout_s: float = 600.0  # a job whose device key has no live worker this long fails
     job_lease_s: float = 30.0  # a tuner that stops renewing this long loses its job to another
     quarantine_after: int = 3  # infrastructure failures in a row before a worker quarantines itself
     probe_s: float = 10.0  # between health probes of a quarantined worker's board

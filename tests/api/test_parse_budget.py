@@ -152,6 +152,7 @@ print(json.dumps(took))
 """
 
 
+@pytest.mark.solo  # a latency bound: not while another test loads the other core
 def test_a_flood_of_tvmscript_keeps_the_api_responsive(store: Any, redis_url: str,
                                                        redis_prefix: str, tmp_path: Any) -> None:
     """100 distinct `tir` specs from one user at once against a real API process: a few are

@@ -122,6 +122,7 @@ def test_service_jobs_from_the_cli_submit_list_cancel_follow(farm: Farm) -> None
     assert sub.returncode == 0, sub.stderr
     (job_id,) = sub.stdout.split()  # stdout: the id, nothing else (scripts read it)
     assert "watch it at" in sub.stderr and job_id in sub.stderr
+    assert "no live worker serves device key 'e2e'" in sub.stderr  # none started
     listed = _cli(farm, "jobs", "--json")
     assert listed.returncode == 0, listed.stderr
     assert [json.loads(line)["id"] for line in listed.stdout.splitlines()] == [job_id]

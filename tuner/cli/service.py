@@ -182,10 +182,26 @@ def submit(
                       f"{job['workload_key']} on {json.dumps(job['target'])} "
                       f"({job['device_key']})"), highlight=False)
     err.print(f"watch it at {client.base_url}/ui#/jobs/{job['id']}", highlight=False)
+    _warn_without_workers(client, job["device_key"])
     if not follow:
         sys.stdout.write(job["id"] + "\n")
         return
     remote.finish(client, job)
+
+
+def _warn_without_workers(client: Any, device_key: str) -> None:
+    """Say so when no live worker serves the job's device key (it would wait, then fail)."""
+    from api.client import ApiError
+
+    try:
+        workers = client.list_workers()
+    except ApiError:
+        return
+    if not any(w.get("device_key") == device_key and w.get("state") in ("idle", "busy")
+               for w in workers):
+        err.print(f"warning: no live worker serves device key {device_key!r}: the job waits "
+                  f"until one does (start one with `tunefarm worker --device-key {device_key}`) "
+                  f"and fails after TUNEFARM_NO_WORKER_TIMEOUT_S without one", highlight=False)
 
 
 def up(

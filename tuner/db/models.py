@@ -145,6 +145,8 @@ class Job(Base):
     state: Mapped[str] = mapped_column(String(16), index=True)
     options_json: Mapped[str] = mapped_column(Text, default="{}")
     error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    # why a running job makes no progress now (e.g. no live worker of its device key), or None
+    message: Mapped[str | None] = mapped_column(String(500), nullable=True)
     idempotency_key: Mapped[str | None] = mapped_column(String(200), nullable=True)
     request_hash: Mapped[str | None] = mapped_column(String(64), nullable=True)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow, index=True)

@@ -78,6 +78,7 @@ class JobRow:
     wall_budget_s: float | None = None
     owner: str = "local"  # the principal that submitted it (`tuner.db.jobs.LOCAL_OWNER`: the CLI)
     model_id: str | None = None  # the model job it is a task of
+    message: str | None = None  # why it waits now (`Store.set_job_message`)
 
     @classmethod
     def of(cls, row: m.Job) -> JobRow:
@@ -85,7 +86,7 @@ class JobRow:
                    m.JobState(row.state), json.loads(row.options_json), row.error,
                    row.idempotency_key, row.request_hash, row.created_at, row.updated_at,
                    row.started_at, row.finished_at, row.lease_owner, row.lease_expires_at,
-                   row.wall_budget_s, row.owner, row.model_id)
+                   row.wall_budget_s, row.owner, row.model_id, row.message)
 
 
 @dataclass(frozen=True)

@@ -277,6 +277,13 @@ class Store:
             s.flush()
             return JobRow.of(job)
 
+    def set_job_message(self, job_id: str, message: str | None) -> None:
+        """Why the running job waits now (None: it does not)."""
+        with self.session() as s:
+            job = s.get(m.Job, job_id, with_for_update=True)
+            if job is not None and job.message != message:
+                job.message = None if message is None else message[:500]
+
     def hold_locally(self, job_id: str) -> None:
         """The job is the embedded CLI's again: no service tuner claims it."""
         with self.session() as s:

@@ -71,6 +71,8 @@ class JobPublic(BaseModel):
     options: dict[str, Any] = Field(default_factory=dict)
     best: BestSoFar | None = None
     error: str | None = None
+    message: str | None = Field(default=None, description=(
+        "Why a running job makes no progress now, e.g. no live worker of its device key."))
     model_id: str | None = Field(default=None, description="The model job it is a task of.")
     created_at: str
     updated_at: str
@@ -88,6 +90,7 @@ class JobPublic(BaseModel):
             workload=stats.workload, target=stats.target, device_key=stats.device_key,
             space=row.space, trials=row.trials, trials_done=stats.trials_done,
             wall_budget_s=row.wall_budget_s, options=row.options, best=best, error=row.error,
+            message=row.message if not row.state.is_terminal else None,
             model_id=row.model_id, created_at=row.created_at.isoformat(),
             updated_at=row.updated_at.isoformat(),
             started_at=_iso(row.started_at), finished_at=_iso(row.finished_at))

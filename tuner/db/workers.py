@@ -97,6 +97,17 @@ def list_workers(store: Store, *, stale_after_s: float = 30.0) -> list[WorkerRow
         return [WorkerRow.of(r, stale_after_s=stale_after_s) for r in rows]
 
 
+def serving(store: Store, device_key: str, *, stale_after_s: float = 30.0) -> tuple[int, int]:
+    """(workers of `device_key` alive and measuring, those alive but quarantined): alive is
+    seen within `stale_after_s`; a draining worker takes no new work."""
+    since = utcnow() - timedelta(seconds=stale_after_s)
+    with store.session() as s:
+        states = list(s.scalars(select(m.Worker.state).where(
+            m.Worker.device_key == device_key, m.Worker.last_seen_at >= since)))
+    return (sum(st in ("idle", "busy") for st in states),
+            sum(st == "quarantined" for st in states))
+
+
 def max_cores(store: Store, device_key: str) -> int | None:
     """The most `num-cores` of any worker registered for `device_key` (None: none registered,
     or none says)."""

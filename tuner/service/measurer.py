@@ -32,6 +32,7 @@ from tuner.measure import Invalidity, MeasureInput, Measurer, MeasureResult
 from tuner.measure.replay import result_of
 from tuner.queue import Keys, streams
 from tuner.service import metrics
+from tuner.service.serving import WorkerWatch
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +62,9 @@ class RemoteMeasurer(Measurer):
 
     `redis_client` must decode responses (`tuner.queue.streams.connect`). `interrupt` (optional)
     is polled while waiting: a reason string abandons the wait with a WORKER_LOST result (job
-    cancelled); `shutdown` set raises `Interrupted` (the tuner process is stopping)."""
+    cancelled); `shutdown` set raises `Interrupted` (the tuner process is stopping); `watch`
+    (optional) says why the job waits and ends it when no worker serves the key
+    (`tuner.service.serving`)."""
 
     commits_records = True  # the API's results endpoint writes each trial's record
 
@@ -69,7 +72,8 @@ class RemoteMeasurer(Measurer):
                  queue_wait_s: float, lease_s: float, poll_s: float = 0.2,
                  trial_ttl_s: float | None = None,
                  interrupt: Callable[[], str | None] | None = None,
-                 shutdown: threading.Event | None = None) -> None:
+                 shutdown: threading.Event | None = None,
+                 watch: WorkerWatch | None = None) -> None:
         self.r = redis_client
         self.keys = keys
         self.device_key = device_key
@@ -81,6 +85,7 @@ class RemoteMeasurer(Measurer):
         self.poll_s = poll_s
         self.interrupt = interrupt or (lambda: None)
         self.shutdown = shutdown
+        self.watch = watch  # asked while a trial waits: does any worker serve the key?
         self._pending: dict[str, _Pending] = {}
         self._lost: dict[str, str] = {}  # trial_id -> reason, from Keys.lost
         self._lost_last: dict[str, str] = {}  # job_id -> last Keys.lost entry id read
@@ -167,6 +172,8 @@ class RemoteMeasurer(Measurer):
             reason = self.interrupt()
             if reason:
                 return self._lost_result(pend, "abandoned", f"measurement abandoned: {reason}")
+            if self.watch is not None:
+                self.watch.check()  # NoLiveWorker ends the job when no worker serves its key
             waited = time.monotonic() - pend.enqueued_at
             if waited > self.queue_wait_s:
                 return self._lost_result(

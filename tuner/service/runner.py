@@ -55,6 +55,7 @@ from tuner.queue import Keys, events, mark_cancelled, streams
 from tuner.search import Progress, Tuner, TuneRequest
 from tuner.service import metrics
 from tuner.service.measurer import Interrupted, RemoteMeasurer
+from tuner.service.serving import WorkerWatch
 from tuner.workloads import parse_spec
 
 log = logging.getLogger(__name__)
@@ -171,11 +172,15 @@ class TunerService:
         measurer = None
         try:
             req = tune_request(self.store, job, self.settings)
+            serving = WorkerWatch(
+                self.store, req.device_key, lambda why: self.store.set_job_message(job.id, why),
+                give_up_s=self.settings.no_worker_timeout_s,
+                stale_after_s=3 * self.settings.heartbeat_s)
             measurer = RemoteMeasurer(
                 self.r, self.keys, req.device_key, store=self.store,
                 queue_wait_s=self.settings.queue_wait_s, lease_s=self.settings.lease_s,
                 trial_ttl_s=self.settings.trial_ttl_s,
-                interrupt=lambda: self._budget_spent(watch), shutdown=watch.abort)
+                interrupt=lambda: self._budget_spent(watch), shutdown=watch.abort, watch=serving)
             tuner = Tuner(self.store, _Deadlined(measurer, lambda: self._time_left(watch)),
                           on_progress=self._progress, should_stop=lambda: self._should_stop(watch))
             self._publish_state(job.id, JobState.RUNNING)
@@ -192,6 +197,8 @@ class TunerService:
             renewer.join(timeout=10)
             if measurer is not None:
                 measurer.discard()
+                with contextlib.suppress(Exception):  # the job's "waiting" message, cleared
+                    serving.close()
         return self._finish(watch, entry_id)
 
     def _finish(self, watch: _JobWatch, entry_id: str | None) -> JobRow | None:

@@ -1,4 +1,5 @@
-"""The worker holding an issued trial's lease (only it may answer the trial)
+"""The worker holding an issued trial's lease (only it may answer the trial); why a running job
+waits (jobs.message)
 
 Revision ID: 0007
 Revises: 0006
@@ -18,8 +19,12 @@ branch_labels = depends_on = None
 def upgrade() -> None:
     with op.batch_alter_table("issued_trials") as batch:
         batch.add_column(sa.Column("holder", sa.String(length=128), nullable=True))
+    with op.batch_alter_table("jobs") as batch:
+        batch.add_column(sa.Column("message", sa.String(length=500), nullable=True))
 
 
 def downgrade() -> None:
+    with op.batch_alter_table("jobs") as batch:
+        batch.drop_column("message")
     with op.batch_alter_table("issued_trials") as batch:
         batch.drop_column("holder")
