@@ -176,7 +176,7 @@ def commit(ctx: ApiContext, worker: WorkerRow, body: ResultCreate) -> ResultPubl
         if rec.job_id:
             events.publish(ctx.sync_redis, ctx.keys, rec.job_id, "record", {
                 "trial_id": rec.trial_id, "invalidity": str(res.invalidity),
-                "latency_s": res.median_s})
+                "latency_s": res.median_s, "worker": res.worker, "build_s": res.build_s})
         log.info("trial %s of job %s from worker %s: %s", rec.trial_id, rec.job_id, worker.id,
                  res.invalidity)
     return ResultPublic(trial_id=rec.trial_id, inserted=inserted)

@@ -94,13 +94,24 @@ def test_a_person_watches_a_cli_job_to_its_last_trial_and_opens_a_worker(
     assert canvas.get_attribute("data-points") == "0"
     farm.start_worker("w1")
     seen: set[int] = set()
+    live_best: set[str] = set()  # the header's best while records stream in (not reloaded)
+    live_workers: set[str] = set()  # the records table's worker cells, likewise
     deadline = time.monotonic() + 180
     while ui.page.get_attribute("#view", "data-final") is None:
         assert time.monotonic() < deadline, f"the job did not end on the page\n{farm.logs()}"
-        seen.add(int(canvas.get_attribute("data-points") or 0))
+        n = int(canvas.get_attribute("data-points") or 0)
+        seen.add(n)
+        if 0 < n < 12:
+            live_best.add(ui.page.evaluate(
+                "() => document.querySelector('[data-field=\"best\"]').textContent"))
+            live_workers.update(ui.page.evaluate(
+                "() => [...document.querySelectorAll('#records tbody td:nth-child(8)')]"
+                ".map((td) => td.textContent)"))
         time.sleep(0.1)
     assert canvas.get_attribute("data-points") == "12"
     assert seen & set(range(1, 12)), f"no measurement arrived live (counts seen: {seen})"
+    assert live_best - {"no valid measurement yet"}, live_best  # the header followed
+    assert live_workers - {"–"}, live_workers  # live rows name their worker
     assert ui.text("h1 .badge") == "SUCCEEDED"
     assert "12 / 12" in ui.text('[data-field="progress"]')
     assert "of peak" in ui.text('[data-field="best"]')  # TUNEFARM_PEAK_GFLOPS declares e2e

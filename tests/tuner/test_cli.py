@@ -256,3 +256,16 @@ def test_up_reuses_its_saved_tokens(tmp_path: Path) -> None:
     soon, reused = up_tokens(store, data, "zen5")  # expiring within a day: replaced
     assert not reused and _principal(store, soon["user"]).name == "tunefarm up"
     store.close()
+
+
+def test_a_first_run_skips_nothing_as_already_measured(tmp_path: Path) -> None:
+    """On an empty database nothing was measured before: a program the search proposes twice
+    in one batch is measured once and is not reported as "already measured"."""
+    import re
+
+    db = f"sqlite:///{tmp_path / 'fresh.db'}"
+    out = run(["tune", "matmul", "--shape", "32,32,32", "--trials", "8", "--target", TARGET,
+               "--db", db], tmp_path)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    skipped = re.search(r"skipped \(already measured\)\s*\S\s*(\d+)", out.stdout)
+    assert skipped is not None and skipped[1] == "0", out.stdout[-2000:]

@@ -217,10 +217,11 @@ class Tuner:
         seen: set[str] = set()
         for c in cands:
             h = tv.shash_hex(c.sch.mod)
-            if h not in search.measured and h not in seen:
+            if h in search.measured:
+                run.dups += 1  # measured before (this job or the database): skipped
+            elif h not in seen:  # the same program proposed twice in one batch: once
                 fresh.append((c, h))
                 seen.add(h)
-        run.dups += len(cands) - len(fresh)
         fresh = fresh[: min(req.batch_size, req.trials - run.done)]
         search.dup_batches = 0 if fresh else search.dup_batches + 1
         if search.dup_batches >= self.max_dup_batches:

@@ -156,12 +156,19 @@ export function render(view, { id, me }) {
     if (ev.type === "record" && !state.seen.has(ev.data.trial_id)) {
       state.seen.add(ev.data.trial_id);
       const lat = ev.data.latency_s ?? null;
+      const gflops = lat && state.flops ? state.flops / lat / 1e9 : null;
       state.points.push({ trial_id: ev.data.trial_id, latency_s: lat, invalidity: ev.data.invalidity,
-        gflops: lat && state.flops ? state.flops / lat / 1e9 : null, worker: null, build_s: null,
+        gflops, worker: ev.data.worker ?? null, build_s: ev.data.build_s ?? null,
         predicted_s: null, measured_at: new Date().toISOString() });
+      if (ev.data.invalidity === "ok" && lat !== null && (!j.best || lat < j.best.latency_s)) {
+        j.best = { ...(j.best || {}), trial_id: ev.data.trial_id, latency_s: lat, gflops };
+      }
       redraw();
     } else if (ev.type === "progress") {
       j.trials_done = Math.max(j.trials_done, ev.data.done ?? j.trials_done);
+      if (ev.data.best_s != null && (!j.best || ev.data.best_s < j.best.latency_s)) {
+        j.best = { ...(j.best || {}), latency_s: ev.data.best_s, gflops: ev.data.best_gflops ?? null };
+      }
       redraw();
     } else if (ev.type === "state") {
       j.state = ev.data.state;
