@@ -4,7 +4,8 @@ TVM's TVMScript parser evaluates Python expressions with builtins. The API, the 
 builder and the sandbox hold credentials (tokens, database URLs), so none of them runs it on a
 submission: `parse_isolated(vetted)` starts `python -m tuner.workloads.parse_child` with
 `child_env()` (nothing secret), `Limits.from_settings()` (address space, CPU seconds, file size,
-own session, no root) and `parse_timeout_s`, sends it the text, and loads the PrimFunc it prints
+own session, no root; the child applies them to itself before it reads anything) and
+`parse_timeout_s`, sends it the text, and loads the PrimFunc it prints
 as TVM JSON with `tvm.ir.load_json` (data: no Python of the submission runs here). The child vets
 the text again before parsing it (`parse_child.py`).
 
@@ -115,7 +116,10 @@ def _parse_in_child(texts: list[str]) -> list[tuple[bool, Any]]:
     # then starts as root with the limits set, imports, and drops itself before reading the text
     late_drop = limits.drop_ids() is not None and not limits.can_exec(sys.executable)
     start = limits.keep_root() if late_drop else limits
-    argv = lean.argv(CHILD_MODULE, *([f"--drop={limits.user}"] if late_drop else []))
+    # the child confines itself (`Limits.apply_here`) before it reads the text: spawned without
+    # a preexec_fn, so starting it does not fork this (large) process and stall its threads
+    argv = lean.argv(CHILD_MODULE, f"--limits={start.as_json()}",
+                     *([f"--drop={limits.user}"] if late_drop else []))
     request = json.dumps({"texts": texts, "max_tvmscript_bytes": settings.max_tvmscript_bytes,
                           "max_tvmscript_nodes": settings.max_tvmscript_nodes})
     tmp = tempfile.mkdtemp(prefix="tunefarm-parse-")
@@ -126,7 +130,7 @@ def _parse_in_child(texts: list[str]) -> list[tuple[bool, Any]]:
     env = child_env({"TMPDIR": tmp, "HOME": tmp, "TVM_NUM_THREADS": "1", "PYTHONPATH": path})
     try:
         proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, env=env, preexec_fn=start.preexec(),
+                                stderr=subprocess.PIPE, env=env, start_new_session=True,
                                 cwd=tmp)
         try:
             out, err = proc.communicate(request.encode("utf-8"), timeout=timeout)

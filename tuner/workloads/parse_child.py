@@ -1,13 +1,15 @@
 """The child process of `isolate.parse_isolated`: parse one untrusted TVMScript text.
 
-    python -m tuner.workloads.parse_child [--drop=USER]  < {"texts": [...],
+    python -m tuner.workloads.parse_child [--limits=JSON] [--drop=USER]  < {"texts": [...],
                                    "max_tvmscript_bytes": ..., "max_tvmscript_nodes": ...}
     -> one JSON line on stdout: {"results": [one per text: {"ok": true, "json": <tvm.ir.save_json
                                  of the PrimFunc>} or {"ok": false, "error": <message>}]}
 
 Several texts are one submitter's (a model's tasks: `isolate.prime`).
 
-It starts with the parent's limits, a clean environment and (normally) as an unprivileged user.
+It starts in a session of its own with a clean environment, applies the parent's limits
+(`--limits`: address space, CPU, file size, niceness, no network, the unprivileged user) to
+itself first thing, before it imports or reads anything.
 With `--drop=USER` (the interpreter lives where that user cannot read) it imports TVM and warms
 the parser up on a fixed function first, then drops to USER, and only then reads the text. It
 vets the text again (`vet_tvmscript`, the parent's size limits) and parses exactly the vetted
@@ -51,6 +53,11 @@ def handle(request: dict[str, Any]) -> dict[str, Any]:
 
 
 def main(argv: list[str]) -> int:
+    limits = [a.split("=", 1)[1] for a in argv[1:] if a.startswith("--limits=")]
+    if limits:  # the parent's limits, before anything is imported or read
+        from ..isolation import Limits
+
+        Limits.from_json(limits[0]).apply_here()
     reply_fd = os.dup(1)
     os.dup2(2, 1)  # TVM's prints (and anything else) go to stderr
     sys.stdout = sys.stderr
