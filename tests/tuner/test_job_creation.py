@@ -106,15 +106,20 @@ def test_cli_and_api_store_the_same_options(
     assert stored.lease_owner is None and stored.state is JobState.QUEUED
 
 
-def test_create_job_resumes_the_latest_job_of_its_key(store: Store) -> None:
+def _local_job(store: Store) -> jobs_db.NewJob:
+    """What `tunefarm tune matmul --shape 64,64,64 --trials 4` asks `create_job` for."""
     from tuner.workloads import parse_spec
 
     wl = parse_spec(MATMUL)
     wid = register_workload(store, wl)
     tref = store.ensure_target('{"kind": "llvm"}', "local")
-    new = jobs_db.NewJob(workload_id=wid, workload_key=wl.key, target=tref, space="s", trials=4,
-                         options=jobs_db.JobOptions(batch_size=2, seed=1),
-                         lease_owner=jobs_db.LOCAL_OWNER, resume=True)
+    return jobs_db.NewJob(workload_id=wid, workload_key=wl.key, target=tref, space="s",
+                          trials=4, options=jobs_db.JobOptions(batch_size=2, seed=1),
+                          lease_owner=jobs_db.LOCAL_OWNER, resume=True)
+
+
+def test_create_job_resumes_the_latest_job_of_its_key(store: Store) -> None:
+    new = _local_job(store)
     first = jobs_db.create_job(store, new)
     again = jobs_db.create_job(store, replace(new, trials=9))
     assert again.id == first.id and again.trials == 9  # resumed, budget extended
@@ -128,14 +133,7 @@ def test_a_resumed_cli_job_is_never_claimed_by_a_service_tuner(store: Store,
                                                                ended: JobState) -> None:
     """`tunefarm up` beside `tunefarm tune` on one database: the CLI job that ended (or was
     interrupted) and is resumed stays the CLI's; the service tuner takes only its own."""
-    from tuner.workloads import parse_spec
-
-    wl = parse_spec(MATMUL)
-    wid = register_workload(store, wl)
-    tref = store.ensure_target('{"kind": "llvm"}', "local")
-    new = jobs_db.NewJob(workload_id=wid, workload_key=wl.key, target=tref, space="s", trials=4,
-                         options=jobs_db.JobOptions(batch_size=2, seed=1),
-                         lease_owner=jobs_db.LOCAL_OWNER, resume=True)
+    new = _local_job(store)
     job = jobs_db.create_job(store, new)
     store.set_job_state(job.id, JobState.RUNNING)
     store.set_job_state(job.id, ended)
