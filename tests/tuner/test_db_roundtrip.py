@@ -5,6 +5,7 @@ export adds nothing, and into a fresh database the records are found by their op
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -21,7 +22,7 @@ pytestmark = pytest.mark.timeout(600)
 def _cli(*args: str, db: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "tuner", *args, "--db", db], cwd=REPO,
                           capture_output=True, text=True, timeout=500, check=False,
-                          env={**__import__("os").environ, "TVM_NUM_THREADS": "1"})
+                          env={**os.environ, "TVM_NUM_THREADS": "1"})
 
 
 def test_export_import_keeps_keys_and_adds_nothing_twice(tmp_path: Path) -> None:
