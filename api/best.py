@@ -8,7 +8,8 @@ written by anyone else) is a miss, read again from SQL and overwritten. A miss r
 replays the trace (TVM) in the thread pool and fills the cache. "No record yet" is cached
 briefly too. The results endpoint invalidates the entry when a faster valid record lands;
 entries also expire, which bounds staleness for records written around the API (e.g. `tunefarm
-tune` on the same database).
+tune` on the same database). A worker's record is served only once a second measurement
+confirmed it (`Store.best(served=True)`): the confirmation's result drops the entry.
 """
 
 from __future__ import annotations
@@ -85,9 +86,10 @@ async def lookup(ctx: ApiContext, workload: str, target: str, device_key: str,
     return cached
 
 
-def invalidate(ctx: ApiContext, workload_key: str, target_key: str, latency_s: float) -> bool:
+def invalidate(ctx: ApiContext, workload_key: str, target_key: str,
+               latency_s: float | None) -> bool:
     """Drop the cached best of (workload, target) if a record of `latency_s` beats it (or none
-    was known). True when an entry was dropped."""
+    was known; `latency_s` None: whatever it holds). True when an entry was dropped."""
     key = ctx.keys.best(workload_key, target_key)
     try:
         entry = ctx.sync_redis.get(key)
@@ -96,7 +98,7 @@ def invalidate(ctx: ApiContext, workload_key: str, target_key: str, latency_s: f
         cached = _verified(ctx, key, entry)
         if cached is None:
             return bool(ctx.sync_redis.delete(key))
-        if cached != MISSING:
+        if cached != MISSING and latency_s is not None:
             known: Any = json.loads(cached).get("latency_s")
             if known is not None and latency_s >= float(known):
                 return False

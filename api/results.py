@@ -18,6 +18,11 @@ invalidation, no event):
     the latency     plausible (422 implausible_latency): its fastest sample no faster than
                     `min_plausible_latency_s` nor than `max_plausible_ops_per_s` operations
                     per second for the workload's operations
+
+With TUNEFARM_CONFIRM_BEST, a valid result is stored as a farm record, served by GET /v1/best
+only once a confirmation trial (the same input measured again, issued by the tuner) agrees; the
+confirmation's result confirms it at the slower median or refutes it (`tuner.db.trials`), and
+drops the cached best.
 """
 
 from __future__ import annotations
@@ -165,15 +170,20 @@ def commit(ctx: ApiContext, worker: WorkerRow, body: ResultCreate) -> ResultPubl
 
     try:
         inserted = trials.commit_result(ctx.store, rec, worker.device_key, plausible=plausible,
-                                        worker_id=worker.id)
+                                        worker_id=worker.id,
+                                        confirm=ctx.settings.confirm_best)
     except trials.TrialRejected as exc:
         log.warning("worker %s: result for trial %s rejected (%s): %s", worker.id, rec.trial_id,
                     exc.code, exc.detail)
         raise ApiProblem(exc.code, exc.detail, field=exc.field) from exc
     if inserted:
-        if res.invalidity is Invalidity.OK and res.median_s is not None:
+        issued = trials.issued(ctx.store, rec.trial_id)
+        confirms = issued.confirms if issued is not None else None
+        if confirms is not None:  # a verdict on a farm record: the served best may change
+            best.invalidate(ctx, inp.workload_key, tkey, None)
+        elif res.invalidity is Invalidity.OK and res.median_s is not None:
             best.invalidate(ctx, inp.workload_key, tkey, res.median_s)
-        if rec.job_id:
+        if rec.job_id and confirms is None:  # a confirmation is none of the job's trials
             events.publish(ctx.sync_redis, ctx.keys, rec.job_id, "record", {
                 "trial_id": rec.trial_id, "invalidity": str(res.invalidity),
                 "latency_s": res.median_s, "worker": res.worker, "build_s": res.build_s})

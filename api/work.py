@@ -13,6 +13,11 @@ worker id, group `Keys.WORKERS_GROUP`):
     ack(ctx, worker, ids)           XACK + XDEL of the ids this worker holds
     dead_letter(ctx, worker, ids, reason)   the ids this worker holds -> Keys.dead / Keys.lost
 
+A confirmation entry (field `avoid`: the worker that measured the trial it confirms) read by
+that worker while another worker of the key is live is parked (`Keys.parked`), not handed out:
+the next lease of another worker takes it first. It comes back to the avoided worker when the
+lease runs out unclaimed after AVOID_DELIVERIES deliveries (a fresh sandbox, then).
+
 Renew, ack and dead-letter act only on entries pending for this worker (XPENDING with the
 consumer), checked and applied atomically in Redis (a Lua script), so a worker can neither keep,
 acknowledge nor drop an entry another worker holds. Entry ids are Redis stream ids
@@ -35,6 +40,7 @@ from redis.asyncio import Redis as AsyncRedis
 from starlette.concurrency import run_in_threadpool
 
 from tuner.db import trials
+from tuner.db import workers as workers_db
 from tuner.db.workers import WorkerRow
 from tuner.measure import MeasureInput, MeasureOptions
 from tuner.queue import Keys, is_cancelled, streams
@@ -51,6 +57,7 @@ MAX_WAIT_S = 10.0  # longest a lease request waits for new entries
 BLOCK_SLICE_S = 5.0  # one XREADGROUP BLOCK at most (below the Redis client's socket timeout)
 MAX_INPUT_CHARS = 8 << 20  # a queued MeasureInput larger than this is not handed out
 MAX_TRIAL_ID = 128
+AVOID_DELIVERIES = 2  # deliveries a confirmation is held back from the avoided worker
 _ENTRY_ID = re.compile(r"([0-9]{1,20})-([0-9]{1,20})")
 
 
@@ -188,6 +195,9 @@ def _metrics(ctx: ApiContext) -> Metrics | None:
 async def lease(ctx: ApiContext, worker: WorkerRow, n: int, wait_s: float) -> list[LeasedEntry]:
     """Up to `n` entries for `worker`: reclaimed ones first, else new ones, waiting up to
     `wait_s` for one to arrive (in slices of BLOCK_SLICE_S)."""
+    out = await run_in_threadpool(_take_parked, ctx, worker, n)
+    if out:
+        return out
     out = await run_in_threadpool(_reclaim, ctx, worker, n)
     if out:
         return out
@@ -255,12 +265,49 @@ def _reclaim(ctx: ApiContext, worker: WorkerRow, n: int) -> list[LeasedEntry]:
     return _vet(ctx, worker, keep)
 
 
+def _take_parked(ctx: ApiContext, worker: WorkerRow, n: int) -> list[LeasedEntry]:
+    """Confirmation entries parked away from another worker, claimed for this one."""
+    r, key = ctx.sync_redis, ctx.keys.parked(worker.device_key)
+    parked: dict[str, str] = r.hgetall(key) or {}  # type: ignore[assignment]
+    mine: list[Any] = [eid for eid, avoid in parked.items() if avoid != worker.id][:n]
+    if not mine:
+        return []
+    r.hdel(key, *mine)
+    stream = ctx.keys.measure(worker.device_key)
+    try:
+        claimed = streams.entries_of(r.xclaim(stream, Keys.WORKERS_GROUP, worker.id,
+                                            min_idle_time=0, message_ids=mine))
+    except redis.ResponseError:  # the group vanished with a flush: nothing is parked
+        return []
+    counts = streams.deliveries(r, stream, Keys.WORKERS_GROUP, [e.id for e in claimed])
+    log.info("worker %s takes parked confirmations %s", worker.id, [e.id for e in claimed])
+    return _vet(ctx, worker, [streams.Entry(e.id, e.fields, counts.get(e.id, 1))
+                              for e in claimed])
+
+
+def _park(ctx: ApiContext, worker: WorkerRow, e: streams.Entry) -> bool:
+    """Hold back a confirmation entry from the worker it must avoid while another worker of
+    the key is live (it stays pending for this worker until another takes it)."""
+    if e.fields.get("avoid") != worker.id or e.deliveries > AVOID_DELIVERIES:
+        return False
+    others = [w for w in workers_db.live_ids(ctx.store, worker.device_key,
+                                             stale_after_s=3 * ctx.settings.heartbeat_s)
+              if w != worker.id]
+    if not others:
+        return False
+    ctx.sync_redis.hset(ctx.keys.parked(worker.device_key), e.id, worker.id)
+    log.info("confirmation entry %s held back from worker %s for %s", e.id, worker.id, others)
+    return True
+
+
 def _vet(ctx: ApiContext, worker: WorkerRow, entries: list[streams.Entry]) -> list[LeasedEntry]:
     """The entries to hand out: each parsed and checked (else dead-lettered); those of cancelled
-    jobs are acknowledged unmeasured."""
+    jobs are acknowledged unmeasured; a confirmation that must avoid this worker is parked."""
     r = ctx.sync_redis
     out = []
     for e in entries:
+        if _park(ctx, worker, e):
+            continue
         try:
             inp = parse_input(e.fields.get("input"))
         except ValueError as exc:

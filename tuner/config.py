@@ -73,6 +73,11 @@ class Settings(BaseSettings):
     queue_wait_s: float = 900.0  # a trial no worker finished by then is a worker_lost failure
     no_worker_timeout_s: float = 600.0  # a job whose device key has no live worker this long fails
     job_lease_s: float = 30.0  # a tuner that stops renewing this long loses its job to another
+    # no single worker sets a best: a worker's valid result is served by GET /v1/best only once
+    # a second measurement (another live worker of the key when there is one) confirms it, at
+    # the slower of the two medians (API: results stored as farm records; tuner: a new best is
+    # measured again). Off: a worker's result is served as it was posted
+    confirm_best: bool = True
     quarantine_after: int = 3  # infrastructure failures in a row before a worker quarantines itself
     probe_s: float = 10.0  # between health probes of a quarantined worker's board
     # the dashboard's "% of peak": fp32 GFLOPS of a board of each device key, as its operator

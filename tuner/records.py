@@ -17,6 +17,7 @@ from tuner import tvm_api as tv
 from tuner.db import NewRecord, Store, TargetRef, WorkloadRow, target_key
 from tuner.db.views import BestPublic, ListedRecord, RecordPublic
 from tuner.errors import NotFound
+from tuner.measure import gflops
 from tuner.workloads import Workload
 
 log = logging.getLogger(__name__)
@@ -27,14 +28,15 @@ REPLAY_TRIES = 8
 
 def best_record(store: Store, workload: Workload, target: dict[str, Any],
                 device_key: str = "local") -> dict[str, Any]:
-    """The fastest valid record (a `BestPublic`), with the schedule as replayable trace JSON
-    and as Python. `NotFound` when the workload has no valid record on that target. A record
-    whose trace no longer replays (imported, or from another TVM) is passed over for the next
-    fastest, among the `REPLAY_TRIES` fastest."""
+    """The fastest valid record that may be served (a `BestPublic`: a worker's record only once
+    a second measurement confirmed it, at the slower median), with the schedule as replayable
+    trace JSON and as Python. `NotFound` when the workload has no valid record on that target.
+    A record whose trace no longer replays (imported, or from another TVM) is passed over for
+    the next fastest, among the `REPLAY_TRIES` fastest."""
     tjson = tv.canonical_target_json(tv.make_target(target))
     wrow = store.workload_by_key(workload.key)
     tref = store.target_by_key(target_key(tjson, device_key))
-    top = store.best(wrow.id, tref.id, k=REPLAY_TRIES) if wrow and tref else []
+    top = store.best(wrow.id, tref.id, k=REPLAY_TRIES, served=True) if wrow and tref else []
     for row in top:
         try:
             sch = replay(workload.mod(), row.trace_json)
@@ -48,9 +50,11 @@ def best_record(store: Store, workload: Workload, target: dict[str, Any],
             f"none of its {len(top)} fastest records replays here")
         raise NotFound(f"no valid record for {workload.description} ({workload.key}) on target "
                        f"{tjson} / device {device_key!r}: {why}")
+    fields = RecordPublic.fields_of(row, workload_key=workload.key, flops=workload.flops,
+                                    target_json=tjson, device_key=device_key)
+    fields.update(latency_s=row.served_s, gflops=gflops(workload.flops, row.served_s))
     rec = BestPublic(
-        **RecordPublic.fields_of(row, workload_key=workload.key, flops=workload.flops,
-                                 target_json=tjson, device_key=device_key),
+        **fields,
         workload=workload.spec,
         schedule_python="\n".join(sch.trace.as_python(remove_postproc=True)))
     return rec.model_dump(mode="json")

@@ -170,6 +170,47 @@ def result_body(ctx: Any, job: dict[str, Any], *, latency_s: float | None = 1e-3
     return {"input": json.loads(inp.to_json()), "result": json.loads(res.to_json())}
 
 
+def confirmation_body(ctx: Any, body: dict[str, Any], *, latency_s: float | None = None,
+                      invalidity: str = "ok") -> dict[str, Any]:
+    """The post of the confirmation of the result `body` (its trial issued as the tuner's
+    `RemoteMeasurer` issues it: the same input, `<trial>-confirm`, context `confirms`), with
+    `latency_s` (default: the original's median) or a failure."""
+    from dataclasses import replace
+
+    from tuner.db import trials
+    from tuner.measure import Invalidity, MeasureInput, MeasureResult
+    from tuner.service.measurer import confirmation_id
+
+    inp = MeasureInput.from_json(json.dumps(body["input"]))
+    cinp = replace(inp, trial_id=confirmation_id(inp.trial_id),
+                   context={**(inp.context or {}), "confirms": inp.trial_id})
+    issued = trials.issued(ctx.store, inp.trial_id)
+    assert issued is not None
+    trials.issue(ctx.store, [cinp], issued.device_key, ttl_s=600, avoid=issued.holder)
+    lat = latency_s or sorted(body["result"]["latencies_s"])[1]
+    res = MeasureResult(trial_id=cinp.trial_id, invalidity=Invalidity(invalidity),
+                        latencies_s=(lat, lat * 1.01, lat * 0.99) if invalidity == "ok" else (),
+                        error_msg=None if invalidity == "ok" else "boom")
+    return {"input": json.loads(cinp.to_json()), "result": json.loads(res.to_json())}
+
+
+@pytest.fixture
+def confirm(ctx: Any, client: Any, tokens: dict[str, str]) -> Callable[..., dict[str, Any]]:
+    """confirm(body, latency_s=None, invalidity="ok", as_worker="w") -> the record of the
+    confirmation of the posted result `body`, posted by another worker (so GET /v1/best
+    serves the original, at the slower of the two medians)."""
+
+    def run(body: dict[str, Any], *, as_worker: str = "w", **kw: Any) -> dict[str, Any]:
+        post = confirmation_body(ctx, body, **kw)
+        resp = client.post(f"/v1/workers/{as_worker}/results", json=post,
+                           headers=bearer(tokens["worker"]))
+        assert resp.status_code == 200, resp.text
+        out: dict[str, Any] = resp.json()
+        return out
+
+    return run
+
+
 _TRACES: dict[str, str] = {}
 
 

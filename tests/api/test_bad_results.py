@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from tests.api.conftest import MATMUL, SUBMIT, bearer, result_body
+from tests.api.conftest import MATMUL, SUBMIT, bearer, confirmation_body, result_body
 from tuner.db import models as m
 from tuner.db.tokens import create_token
 
@@ -230,6 +230,8 @@ def test_bad_result(env: Env, case: tuple[str, Callable[[Env], Post], int, str])
     legit = env.body(latency_s=1e-3)
     ok = _post(env, Post(legit))
     assert ok.status_code == 200 and ok.json()["inserted"] is True, ok.text
+    confirmed = _post(env, Post(confirmation_body(env.ctx, legit)))  # served once confirmed
+    assert confirmed.status_code == 200, confirmed.text
     post = forge(env)
     before, best = _written(env), _best(env)
     resp = _post(env, post)

@@ -1,4 +1,5 @@
-"""GET /v1/best: the Redis-cached best record, invalidated by a faster result."""
+"""GET /v1/best: the Redis-cached best record, invalidated by a faster result; a worker's
+record is served only once a second measurement confirmed it."""
 
 from __future__ import annotations
 
@@ -26,7 +27,8 @@ def _post(client: Any, worker: dict[str, str], body: dict[str, Any]) -> dict[str
 
 def test_best_lifecycle(client: Any, ctx: Any, user: dict[str, str], worker: dict[str, str],
                         redis_client: Any, submit: Callable[..., dict[str, Any]],
-                        result_for: Callable[..., dict[str, Any]]) -> None:
+                        result_for: Callable[..., dict[str, Any]],
+                        confirm: Callable[..., Any]) -> None:
     from tuner.db.engine import target_key
 
     first = _best(client, user)
@@ -34,6 +36,8 @@ def test_best_lifecycle(client: Any, ctx: Any, user: dict[str, str], worker: dic
     job = submit(user)
     slow = result_for(job, latency_s=2e-3)
     _post(client, worker, slow)
+    assert _best(client, user).status_code == 404  # one worker's word is not served
+    confirm(slow)
     got = _best(client, user)
     assert got.status_code == 200, got.text  # the cached "none yet" was dropped
     rec = got.json()
@@ -51,6 +55,7 @@ def test_best_lifecycle(client: Any, ctx: Any, user: dict[str, str], worker: dic
     assert redis_client.get(ctx.keys.best(job["workload_key"], tkey)) == cached
     fast = result_for(job, latency_s=1e-3)
     _post(client, worker, fast)
+    confirm(fast)
     assert _best(client, user).json()["trial_id"] == fast["input"]["trial_id"]
 
     # by workload key, and with the target spelled out, it is the same record
@@ -63,12 +68,14 @@ def test_best_lifecycle(client: Any, ctx: Any, user: dict[str, str], worker: dic
 
 def test_an_entry_written_into_redis_by_another_is_not_served(
         client: Any, ctx: Any, user: dict[str, str], worker: dict[str, str], redis_client: Any,
-        submit: Callable[..., dict[str, Any]], result_for: Callable[..., dict[str, Any]]) -> None:
+        submit: Callable[..., dict[str, Any]], result_for: Callable[..., dict[str, Any]],
+        confirm: Callable[..., Any]) -> None:
     from tuner.db.engine import target_key
 
     job = submit(user)
     body = result_for(job, latency_s=1e-3)
     _post(client, worker, body)
+    confirm(body)
     real = _best(client, user).json()
     key = ctx.keys.best(job["workload_key"], target_key(ctx.resolver.target("host").json, "local"))
     forged = {**real, "latency_s": 1e-12, "schedule_python": "import os; os.system('id')"}
@@ -87,16 +94,72 @@ def test_an_entry_written_into_redis_by_another_is_not_served(
 def test_best_survives_a_redis_flush_of_its_key(client: Any, ctx: Any, user: dict[str, str],
                                                 worker: dict[str, str], redis_client: Any,
                                                 submit: Callable[..., dict[str, Any]],
-                                                result_for: Callable[..., dict[str, Any]]
-                                                ) -> None:
+                                                result_for: Callable[..., dict[str, Any]],
+                                                confirm: Callable[..., Any]) -> None:
     job = submit(user)
     body = result_for(job, latency_s=1e-3)
     _post(client, worker, body)
+    confirm(body)
     assert _best(client, user).status_code == 200
     for key in redis_client.scan_iter(match=ctx.keys.best("*", "*")):
         redis_client.delete(key)
     again = _best(client, user)
     assert again.status_code == 200 and again.json()["trial_id"] == body["input"]["trial_id"]
+
+
+def test_a_workers_result_is_served_as_posted_without_confirmations(
+        client: Any, ctx: Any, user: dict[str, str], worker: dict[str, str],
+        submit: Callable[..., Any], result_for: Callable[..., dict[str, Any]],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """TUNEFARM_CONFIRM_BEST=0 (a farm whose workers are all trusted): served as posted."""
+    monkeypatch.setattr(ctx, "settings", ctx.settings.model_copy(update={"confirm_best": False}))
+    job = submit(user)
+    body = result_for(job, latency_s=1e-3)
+    _post(client, worker, body)
+    assert _best(client, user).json()["trust"] == "local"
+
+
+def test_no_single_worker_sets_a_best(client: Any, ctx: Any, user: dict[str, str],
+                                      worker: dict[str, str], submit: Callable[..., Any],
+                                      result_for: Callable[..., dict[str, Any]],
+                                      confirm: Callable[..., Any]) -> None:
+    """A worker's too-fast (but plausible) latency is not served until a second measurement by
+    another worker confirms it, and then at the slower of the two medians; a failed second
+    measurement refutes it for good; both records are kept."""
+    job = submit(user)
+    honest = result_for(job, latency_s=1e-3)
+    _post(client, worker, honest)
+    assert _best(client, user).status_code == 404  # one worker's word is not served
+    confirm(honest, latency_s=1.1e-3)
+    served = _best(client, user).json()
+    assert served["trial_id"] == honest["input"]["trial_id"] and served["trust"] == "confirmed"
+    assert served["latency_s"] == pytest.approx(1.1e-3)  # the slower median of the two
+    assert served["gflops"] == pytest.approx(2 * 128**3 / 1.1e-3 / 1e9, rel=1e-6)
+
+    liar = result_for(job, latency_s=1e-6)  # w1 claims a 1000x faster kernel
+    _post(client, worker, liar)
+    assert _best(client, user).json()["trial_id"] == honest["input"]["trial_id"]
+    confirm(liar, latency_s=1.05e-3)  # w measures it again: a bit faster than the honest best
+    served = _best(client, user).json()
+    assert served["trial_id"] == liar["input"]["trial_id"]
+    assert served["latency_s"] == pytest.approx(1.05e-3)  # never the liar's 1e-6
+    tid = liar["input"]["trial_id"]
+    rows = {r.trial_id: r for r in ctx.store.records()}
+    assert rows[tid].median_s == pytest.approx(1e-6) and rows[tid].confirmed_s == pytest.approx(
+        1.05e-3)  # both samples kept
+    assert rows[f"{tid}-confirm"].trust == "confirmation" and rows[f"{tid}-confirm"].confirms == tid
+    assert rows[f"{tid}-confirm"].worker == "w" and rows[tid].worker == "w1"
+    assert rows[f"{tid}-confirm"].job_id is None  # kept, but none of the job's trials
+
+    refuted = result_for(job, latency_s=5e-4)
+    _post(client, worker, refuted)
+    confirm(refuted, invalidity="wrong_answer")
+    assert _best(client, user).json()["trial_id"] == tid
+    assert ctx.store.record(refuted["input"]["trial_id"]).trust == "refuted"
+    # the listing shows each record's standing
+    listed = client.get(f"/v1/jobs/{job['id']}/records", headers=user).json()
+    trusts = {r["trial_id"]: r["trust"] for r in listed["items"]}
+    assert trusts[tid] == "confirmed" and trusts[refuted["input"]["trial_id"]] == "refuted"
 
 
 @pytest.mark.parametrize("params, status, code", [

@@ -81,6 +81,7 @@ def test_cancel_and_errors(live: tuple[str, Any, dict[str, str]]) -> None:
 def test_worker_calls(live: tuple[str, Any, dict[str, str]],
                       make_result: Callable[..., dict[str, Any]]) -> None:
     from api.client import Client
+    from tests.api.conftest import confirmation_body
     from tuner import tvm_api as tv
     from tuner.measure import MeasureInput, MeasureResult
 
@@ -96,6 +97,9 @@ def test_worker_calls(live: tuple[str, Any, dict[str, str]],
         res = MeasureResult.from_json(json.dumps(body["result"]))
         assert w.post_result(reg["id"], inp, res) == {"trial_id": inp.trial_id, "inserted": True}
         assert w.post_result(reg["id"], inp, res)["inserted"] is False
+        conf = confirmation_body(ctx, body)  # served once a second measurement confirms it
+        assert w.post_result(reg["id"], MeasureInput.from_json(json.dumps(conf["input"])),
+                             MeasureResult.from_json(json.dumps(conf["result"])))["inserted"]
         best = w.best(SUBMIT["workload"], "host")
         assert best["trial_id"] == inp.trial_id and best["worker"] == reg["id"]
         assert [x["id"] for x in u.list_workers()] == [reg["id"]]

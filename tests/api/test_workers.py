@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 from collections.abc import Callable
 from typing import Any
@@ -207,3 +208,49 @@ def test_only_the_worker_holding_a_trials_lease_may_answer_it(
     assert ok.status_code == 200 and ok.json()["inserted"] is True
     rec = ctx.store.record(tid)
     assert rec is not None and rec.worker == "w"
+
+
+def test_a_confirmation_goes_to_another_live_worker(
+        client: Any, ctx: Any, user: dict[str, str], worker: dict[str, str],
+        submit: Callable[..., dict[str, Any]], result_for: Callable[..., dict[str, Any]]
+        ) -> None:
+    """The confirmation of a trial w1 measured is held back from w1 while w is live (parked),
+    and w's next lease takes it; with w gone, w1 measures it itself."""
+    from tests.api.conftest import confirmation_body
+    from tuner.db import models as m
+    from tuner.queue import streams
+
+    job = submit(user)
+    dkey = ctx.store.get_target(ctx.store.get_job(job["id"]).target_id).device_key
+    stream = ctx.keys.measure(dkey)
+
+    def lease(wid: str) -> list[str]:
+        got = client.post(f"/v1/workers/{wid}/lease", json={"max": 4, "wait_s": 0},
+                          headers=worker)
+        assert got.status_code == 200, got.text
+        return [e["input"]["trial_id"] for e in got.json()["entries"]]
+
+    for alive in (True, False):
+        body = result_for(job, latency_s=1e-3)
+        streams.enqueue(ctx.sync_redis, stream, {"input": json.dumps(body["input"])})
+        assert lease("w1") == [body["input"]["trial_id"]]
+        assert client.post("/v1/workers/w1/results", json=body, headers=worker).status_code == 200
+        conf = confirmation_body(ctx, body)  # issued with avoid = w1, the first trial's holder
+        cid = conf["input"]["trial_id"]
+        with ctx.store.session() as s:  # w is live (seen now) or gone (seen an hour ago)
+            s.get(m.Worker, "w").last_seen_at = m.utcnow() - (
+                dt.timedelta(0) if alive else dt.timedelta(hours=1))
+        streams.enqueue(ctx.sync_redis, stream, {"input": json.dumps(conf["input"]),
+                                                 "avoid": "w1"})
+        if alive:
+            assert lease("w1") == []  # parked for w
+            assert ctx.sync_redis.hgetall(ctx.keys.parked(dkey))
+            assert lease("w") == [cid]
+            assert not ctx.sync_redis.hgetall(ctx.keys.parked(dkey))
+            poster = "w"
+        else:
+            assert lease("w1") == [cid]  # no other live worker: a fresh sandbox of w1
+            poster = "w1"
+        done = client.post(f"/v1/workers/{poster}/results", json=conf, headers=worker)
+        assert done.status_code == 200, done.text
+        assert ctx.store.record(body["input"]["trial_id"]).trust == "confirmed"

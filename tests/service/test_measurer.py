@@ -161,7 +161,16 @@ def test_the_tuner_never_writes_a_record_the_farm_committed(
         writers.extend((rec.trial_id, threading.current_thread()) for rec in records)
         return add(records)
 
+    from tuner.db import trials
+
+    commit = trials.commit_result
+
+    def commit_spy(st: Store, rec: Any, *args: Any, **kw: Any) -> bool:
+        writers.append((rec.trial_id, threading.current_thread()))
+        return commit(st, rec, *args, **kw)
+
     monkeypatch.setattr(store, "add_records", spy)
+    monkeypatch.setattr(trials, "commit_result", commit_spy)
     req = TuneRequest(workload=parse_spec({"op": "matmul", "shape": [16, 16, 16]}),
                       target={**RUN_X86, "num-cores": 1}, trials=6,
                       device_key="dev", space="gemm-x86", batch_size=3,
@@ -200,3 +209,28 @@ def test_every_trial_is_issued_before_it_is_enqueued(r: redis.Redis, keys: Keys,
     m.prepare([b])
     assert r.xlen(keys.measure("dev")) == 2
     m.discard()
+
+
+def test_a_new_best_is_measured_again_before_it_is_returned(r: redis.Redis, keys: Keys,
+                                                           store: Store, redis_url: str) -> None:
+    """A valid result that would become the workload's served best is measured again as its
+    confirmation trial (issued with `confirms`, enqueued with the worker to avoid) before
+    measure_one returns; a result slower than the served best is not."""
+    from tuner.db import trials
+    from tuner.service.measurer import confirmation_id
+
+    job = make_job(store)
+    first, slower = make_inputs(job, 2)
+    m = _measurer(r, keys, store, confirm=True)
+    slow_result = MeasureResult(slower.trial_id, Invalidity.OK, latencies_s=(1.0, 1.0, 1.0))
+    with FakeWorker(redis_url, keys, store,
+                    behaviour=lambda i: slow_result if i.trial_id == slower.trial_id
+                    else None) as w:
+        res = m.measure_one(first)
+        assert res.ok
+        cid = confirmation_id(first.trial_id)
+        assert w.seen == [first.trial_id, cid]  # measured again before it was returned
+        issued = trials.issued(store, cid)
+        assert issued is not None and issued.confirms == first.trial_id
+        assert m.measure_one(slower).ok
+    assert w.seen == [first.trial_id, cid, slower.trial_id]  # not faster: no confirmation

@@ -81,7 +81,7 @@ def test_tuner_claims_and_runs_a_job(store: Store, r: redis.Redis, keys: Keys,
     job = store.get_job(job_id)
     assert job is not None and job.state is JobState.SUCCEEDED, job
     assert job.lease_owner is None
-    assert _measured(store, job_id) == 4 and len(w.seen) == 4
+    assert _measured(store, job_id) == 4 and len(w.trials) == 4
     evs = _events(r, keys, job_id)
     assert evs[0] == ("state", {"state": "RUNNING"})
     assert evs[-1] == ("state", {"state": "SUCCEEDED"})

@@ -1,6 +1,7 @@
 """A fake farm worker thread for the service tests: it reads Keys.measure(device_key), writes each
-input's record through Store.add_records (as the API's results endpoint does), publishes the
-"record" event and acknowledges the entry. By default it measures nothing (`ok_result`); given a
+input's record as the API's results endpoint does (`tuner.db.trials.commit_result`; an input
+never issued through `Store.add_records`), publishes the "record" event and acknowledges the
+entry. By default it measures nothing (`ok_result`); given a
 `measurer` (e.g. a real LocalMeasurer) it measures each entry with it, as a worker would."""
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Any, Self
 import redis
 
 from tests.support.fakes import ok_result
-from tuner.db import Store
+from tuner.db import Store, trials
 from tuner.db.rows import NewRecord
 from tuner.measure import Invalidity, MeasureInput, Measurer, MeasureResult
 from tuner.queue import Keys, events, streams
@@ -45,6 +46,11 @@ class FakeWorker:
         self.stop = threading.Event()
         self.seen: list[str] = []
         self.thread = threading.Thread(target=self._run, daemon=True)
+
+    @property
+    def trials(self) -> list[str]:
+        """The trials it measured, not counting confirmations (a new best measured again)."""
+        return [t for t in self.seen if not t.endswith("-confirm")]
 
     def __enter__(self) -> Self:
         self.thread.start()
@@ -88,9 +94,15 @@ class FakeWorker:
         res = out if isinstance(out, MeasureResult) else self._measure(inp)
         if res.invalidity is Invalidity.WORKER_LOST:
             return
-        self.store.add_records([NewRecord.from_measurement(inp, res)])
+        rec = NewRecord.from_measurement(inp, res)
+        if trials.issued(self.store, inp.trial_id) is not None:
+            # as the API's results endpoint commits it: a farm record, served once confirmed; a
+            # confirmation kept beside the job's trials
+            trials.commit_result(self.store, rec, self.device_key, confirm=True)
+        else:  # put on the stream by a test without issuing it
+            self.store.add_records([rec])
         job_id = (inp.context or {}).get("job_id")
-        if job_id:
+        if job_id and not (inp.context or {}).get("confirms"):
             events.publish(self.r, self.keys, job_id, "record",
                            {"trial_id": inp.trial_id, "invalidity": str(res.invalidity)})
         streams.ack(self.r, stream, group, entry.id)

@@ -62,16 +62,20 @@ class BestRow:
 
 
 def best_table(store: Store, *, limit: int = 200, op: str | None = None) -> list[BestRow]:
-    """Workload × target pairs with at least one valid record, most recently measured first."""
+    """Workload × target pairs with a best that may be served (`Store.best(served=True)`: a
+    worker's record once confirmed, at its confirmed latency), most recently measured first."""
     ok = Invalidity.OK.value
     r = m.Record
-    groups = (select(r.workload_id, r.target_id, func.count().label("n"),
-                     func.count().filter(r.invalidity == ok).label("valid"),
-                     func.min(r.id).filter(r.invalidity == ok).label("first_id"),
-                     func.min(r.median_s).filter(r.invalidity == ok).label("best_s"),
+    served = (r.invalidity == ok) & r.trust.in_(m.SERVED_TRUST)
+    latency = func.coalesce(r.confirmed_s, r.median_s)
+    candidate = r.trust != m.Trust.CONFIRMATION.value  # a confirmation measured one again
+    groups = (select(r.workload_id, r.target_id, func.count().filter(candidate).label("n"),
+                     func.count().filter((r.invalidity == ok) & candidate).label("valid"),
+                     func.min(r.id).filter((r.invalidity == ok) & candidate).label("first_id"),
+                     func.min(latency).filter(served).label("best_s"),
                      func.max(r.measured_at).label("last"))
               .group_by(r.workload_id, r.target_id)
-              .having(func.min(r.median_s).filter(r.invalidity == ok).is_not(None)))
+              .having(func.min(latency).filter(served).is_not(None)))
     if op is not None:
         groups = groups.where(r.workload_id.in_(select(m.Workload.id).where(m.Workload.op == op)))
     groups = groups.order_by(func.max(r.measured_at).desc()).limit(limit)
@@ -89,9 +93,9 @@ def best_table(store: Store, *, limit: int = 200, op: str | None = None) -> list
         best_of = {(row.workload_id, row.target_id): row.best_s for row in rows}
         best_ids: dict[tuple[int, int], str] = {}
         for wid, tid, median_s, trial_id in s.execute(
-                select(r.workload_id, r.target_id, r.median_s, r.trial_id)
-                .where(r.invalidity == ok, r.workload_id.in_(wids), r.target_id.in_(tids),
-                       r.median_s.in_(set(best_of.values())))
+                select(r.workload_id, r.target_id, latency, r.trial_id)
+                .where(served, r.workload_id.in_(wids), r.target_id.in_(tids),
+                       latency.in_(set(best_of.values())))
                 .order_by(r.id)):
             if best_of.get((wid, tid)) == median_s:
                 best_ids.setdefault((wid, tid), trial_id)

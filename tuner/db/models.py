@@ -71,6 +71,24 @@ class Base(DeclarativeBase):
     metadata = MetaData(naming_convention=NAMING_CONVENTION)
 
 
+class Trust(StrEnum):
+    """Whether a record may be served as a best (`Store.best(served=True)`, GET /v1/best): LOCAL
+    records come from a process that holds the database (the CLI, MetaSchedule's commits, an
+    import) and are served as measured; FARM records come from a worker through the API and are
+    served only once CONFIRMED by a second measurement (at the slower of the two medians);
+    CONFIRMATION records are those second measurements (never served themselves); a FARM record
+    whose confirmation failed is REFUTED (never served)."""
+
+    LOCAL = "local"
+    FARM = "farm"
+    CONFIRMED = "confirmed"
+    REFUTED = "refuted"
+    CONFIRMATION = "confirmation"
+
+
+SERVED_TRUST = (Trust.LOCAL.value, Trust.CONFIRMED.value)
+
+
 class JobState(StrEnum):
     QUEUED = "QUEUED"
     RUNNING = "RUNNING"
@@ -262,6 +280,12 @@ class Record(Base):
     # the cost model's prediction when the search picked it: the workload's best latency then,
     # over the predicted throughput relative to it (None: no best yet, or no trained model)
     predicted_s: Mapped[float | None] = mapped_column(Float, nullable=True)
+    # `Trust`; a confirmation's `confirms` names the trial it measured again; a confirmed farm
+    # record's `confirmed_s` is the slower median of the two (what GET /v1/best serves)
+    trust: Mapped[str] = mapped_column(String(16), default=Trust.LOCAL.value,
+                                       server_default=Trust.LOCAL.value)
+    confirms: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    confirmed_s: Mapped[float | None] = mapped_column(Float, nullable=True)
     tvm_version: Mapped[str] = mapped_column(String(64))
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
     measured_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
@@ -360,3 +384,7 @@ class IssuedTrial(Base):
     # the worker the API last handed the trial's queue entry to (None: not leased through the
     # API): only it may answer the trial
     holder: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    # a confirmation trial: the trial it measures again, and the worker that measured that one
+    # (the API hands it to another worker of the key when one is live)
+    confirms: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    avoid: Mapped[str | None] = mapped_column(String(128), nullable=True)

@@ -38,13 +38,15 @@ def scoped_records(store: Store, *, workload_ids: Sequence[int] | None = None,
                    target_id: int | None = None, device_key: str | None = None,
                    ranking: Ranking | None = None, limit: int | None = None) -> list[RecordRow]:
     """Records of these workloads (all with None) on one target, else on every target of one
-    device key (every target with None). With `ranking`: only valid records, fastest first by
+    device key (every target with None). With `ranking`: only valid records a best may be
+    served from (`models.SERVED_TRUST`: a worker's record once confirmed), fastest first by
     that statistic (ties in commit order); without: every record in commit order."""
     q = _scoped(select(m.Record), workload_ids=workload_ids, target_id=target_id,
                 device_key=device_key)
     if ranking is not None:
         col = m.Record.mean_s if ranking == "mean" else m.Record.median_s
-        q = (q.where(m.Record.invalidity == Invalidity.OK.value, col.is_not(None))
+        q = (q.where(m.Record.invalidity == Invalidity.OK.value, col.is_not(None),
+                     m.Record.trust.in_(m.SERVED_TRUST))
              .order_by(col.asc(), m.Record.id))
     else:
         q = q.order_by(m.Record.id)

@@ -194,10 +194,18 @@ class RecordRow:
     created_at: datetime
     measured_at: datetime
     predicted_s: float | None = None
+    trust: str = m.Trust.LOCAL.value  # `tuner.db.models.Trust`
+    confirms: str | None = None  # a confirmation: the trial it measured again
+    confirmed_s: float | None = None  # a confirmed farm record: the slower median of the two
 
     @property
     def ok(self) -> bool:
         return self.invalidity is Invalidity.OK
+
+    @property
+    def served_s(self) -> float | None:
+        """The latency a best is served at: the confirmed one when there is one."""
+        return self.confirmed_s if self.confirmed_s is not None else self.median_s
 
     @classmethod
     def of(cls, r: m.Record) -> RecordRow:
@@ -205,7 +213,7 @@ class RecordRow:
                    r.trace_json, json.loads(r.decisions_json), json.loads(r.latencies_json),
                    r.median_s, r.mean_s, r.cv, Invalidity(r.invalidity), r.error_msg, r.worker,
                    r.build_s, r.features, r.tvm_version, r.created_at, r.measured_at,
-                   r.predicted_s)
+                   r.predicted_s, r.trust, r.confirms, r.confirmed_s)
 
 
 @dataclass(frozen=True)

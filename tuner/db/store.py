@@ -380,10 +380,22 @@ class Store:
                 m.Record.workload_id == rec.workload_id, m.Record.target_id == rec.target_id,
                 m.Record.decisions_json == cols["decisions_json"], same).limit(1)) is not None
 
-    def best(self, workload_id: int, target_id: int, k: int = 1) -> list[RecordRow]:
-        """The k fastest valid records (invalidity ok), lowest median first."""
-        return self.records(workload_id=workload_id, target_id=target_id, only_ok=True,
-                            limit=k, order="median")
+    def best(self, workload_id: int, target_id: int, k: int = 1, *,
+             served: bool = False) -> list[RecordRow]:
+        """The k fastest valid records (invalidity ok), lowest median first. `served`: only
+        those a best may be served from (`models.SERVED_TRUST`: a farm record once a second
+        measurement confirmed it), ranked by the latency served (`RecordRow.served_s`)."""
+        if not served:
+            return self.records(workload_id=workload_id, target_id=target_id, only_ok=True,
+                                limit=k, order="median")
+        latency = func.coalesce(m.Record.confirmed_s, m.Record.median_s)
+        q = (select(m.Record)
+             .where(*self._filters(None, workload_id, target_id),
+                    m.Record.invalidity == Invalidity.OK.value, m.Record.median_s.is_not(None),
+                    m.Record.trust.in_(m.SERVED_TRUST))
+             .order_by(latency.asc(), m.Record.id).limit(int(k)))
+        with self.session() as s:
+            return [RecordRow.of(r) for r in s.scalars(q)]
 
     def measured(self, workload_id: int, target_id: int) -> dict[str, MeasuredRow]:
         """Already measured candidates by cand_hash (for dedup). worker_lost records are left out:

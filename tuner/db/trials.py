@@ -13,6 +13,13 @@
                                                only once: checked, used (`used_at`) and
                                                inserted in one transaction
 
+No single worker sets a best (`confirm`, the setting TUNEFARM_CONFIRM_BEST): a valid result
+is stored as a FARM record (`models.Trust`), which
+`Store.best(served=True)` passes over until a second measurement of the same input (a trial
+issued with `confirms`, by the tuner's `RemoteMeasurer`) confirms it, at the slower of the two
+medians, or refutes it; both records are kept (the confirmation's outside its job's trials,
+linked by `confirms`).
+
 A worker that could not measure a trial (worker_lost: its board or sandbox failed) records the
 failed attempt under its own id, `<trial_id[:20]>-lost-<hex>`: accepted for an issued, unexpired
 trial of the worker's device key (same job, workload, target, candidate), at most
@@ -79,6 +86,11 @@ def _binding(inp: MeasureInput) -> dict[str, Any]:
                          f"workload_id, target_id or cand_hash ({exc})") from exc
     if ctx["job_id"] is None:
         raise ValueError(f"trial {inp.trial_id} cannot be issued: it belongs to no job")
+    confirms = ctx.get("confirms")
+    if confirms is not None and not (isinstance(confirms, str) and 0 < len(confirms) <= 64):
+        raise ValueError(f"trial {inp.trial_id} cannot be issued: context.confirms must be "
+                         "a trial id")
+    out["confirms"] = confirms
     return out
 
 
@@ -92,17 +104,21 @@ def _insert(store: Store) -> Any:
     return sqlite_insert(m.IssuedTrial)
 
 
-def issue(store: Store, inputs: Iterable[MeasureInput], device_key: str, ttl_s: float) -> int:
+def issue(store: Store, inputs: Iterable[MeasureInput], device_key: str, ttl_s: float, *,
+          avoid: str | None = None) -> int:
     """Record that `inputs` were handed to the workers of `device_key`: each accepts one result
     until `ttl_s` from now. Idempotent: a trial issued before keeps its binding and gets the new
-    expiry (a re-enqueued or retried trial). Returns how many inputs were issued."""
+    expiry (a re-enqueued or retried trial). An input whose context `confirms` a trial is that
+    trial's confirmation (its result confirms or refutes the record: `commit_result`); `avoid`
+    names the worker that measured the original (the API prefers another). Returns how many
+    inputs were issued."""
     now = utcnow()
     expires = now + timedelta(seconds=float(ttl_s))
     rows: dict[str, dict[str, Any]] = {}
     for inp in inputs:
         row = _binding(inp)
         rows.setdefault(row["trial_id"], {**row, "device_key": device_key, "issued_at": now,
-                                          "expires_at": expires})
+                                          "expires_at": expires, "avoid": avoid})
     if not rows:
         return 0
     values = list(rows.values())
@@ -168,13 +184,14 @@ def _check(trial: m.IssuedTrial, rec: NewRecord, device_key: str) -> None:
 def commit_result(store: Store, rec: NewRecord, device_key: str, *,
                   now: datetime | None = None,
                   plausible: Callable[[NewRecord], None] | None = None,
-                  worker_id: str | None = None) -> bool:
+                  worker_id: str | None = None, confirm: bool = False) -> bool:
     """Insert the record of a worker's result if its trial was issued to `device_key`, is
     unexpired, unused, matches (job, workload, target, candidate) and, when the API leased it
     to a worker, `worker_id` is that worker; stamps the trial used in the same transaction.
     True: inserted; False: this very result was stored before (a retry). Raises
     `TrialRejected` (nothing written) otherwise; `plausible(rec)` is asked last, just before
-    the insert, and may raise it too (a latency no device can reach)."""
+    the insert, and may raise it too (a latency no device can reach). `confirm`: a valid
+    result is a FARM record, served once a confirmation trial agrees."""
     now = now or utcnow()
     with store.session() as s:
         trial = s.get(m.IssuedTrial, rec.trial_id, with_for_update=True)
@@ -201,10 +218,31 @@ def commit_result(store: Store, rec: NewRecord, device_key: str, *,
                                 f"{trial.expires_at.isoformat()}", field="input.trial_id")
         if plausible is not None:
             plausible(rec)
-        s.add(m.Record(**rec.columns(now)))
+        row = m.Record(**rec.columns(now))
+        if trial.confirms is not None:  # kept beside the job's trials, not as one of them
+            row.trust, row.confirms, row.job_id = m.Trust.CONFIRMATION.value, trial.confirms, None
+            _judge(s, trial.confirms, rec)
+        elif confirm and Invalidity(rec.invalidity) is Invalidity.OK:
+            row.trust = m.Trust.FARM.value  # served once confirmed
+        s.add(row)
         trial.used_at = now
         s.flush()
         return True
+
+
+def _judge(s: Any, original: str, confirmation: NewRecord) -> None:
+    """A confirmation's verdict on the farm record of trial `original`: a valid measurement
+    confirms it at the slower of the two medians; a failed one (build, run, wrong answer, but
+    not a lost worker) refutes it. A record judged before keeps its verdict."""
+    row = s.scalar(select(m.Record).where(m.Record.trial_id == original).with_for_update())
+    if row is None or row.trust != m.Trust.FARM.value:
+        return
+    inv = Invalidity(confirmation.invalidity)
+    if inv is Invalidity.OK and confirmation.median_s is not None and row.median_s is not None:
+        row.trust = m.Trust.CONFIRMED.value
+        row.confirmed_s = max(float(row.median_s), float(confirmation.median_s))
+    elif inv is not Invalidity.WORKER_LOST:
+        row.trust = m.Trust.REFUTED.value
 
 
 def _lost_attempt(s: Any, rec: NewRecord, base: str, device_key: str, now: datetime) -> bool:

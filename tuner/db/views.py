@@ -191,6 +191,15 @@ class RecordPublic(BaseModel):
     measured_at: str
     predicted_s: float | None = Field(
         default=None, description="The cost model's predicted latency when it was picked.")
+    trust: str = Field(default="local", description=(
+        "local: measured by a process holding the database; farm: a worker's, served as a best "
+        "only once confirmed; confirmed: a second measurement agreed (served at the slower "
+        "median, confirmed_s); refuted: the second measurement failed; confirmation: that "
+        "second measurement."))
+    confirms: str | None = Field(default=None, description=(
+        "On a confirmation: the trial it measured again."))
+    confirmed_s: float | None = Field(default=None, description=(
+        "On a confirmed record: the slower median of it and its confirmation."))
 
     @staticmethod
     def fields_of(row: RecordRow, *, workload_key: str, flops: int,
@@ -210,7 +219,8 @@ class RecordPublic(BaseModel):
             "gflops": gflops(flops, row.median_s), "decisions": row.decisions,
             "trace": json.loads(row.trace_json), "worker": row.worker, "build_s": row.build_s,
             "tvm_version": row.tvm_version, "measured_at": row.measured_at.isoformat(),
-            "predicted_s": row.predicted_s,
+            "predicted_s": row.predicted_s, "trust": row.trust, "confirms": row.confirms,
+            "confirmed_s": row.confirmed_s,
         }
 
     @classmethod

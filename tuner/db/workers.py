@@ -108,6 +108,15 @@ def serving(store: Store, device_key: str, *, stale_after_s: float = 30.0) -> tu
             sum(st == "quarantined" for st in states))
 
 
+def live_ids(store: Store, device_key: str, *, stale_after_s: float = 30.0) -> list[str]:
+    """Ids of the workers of `device_key` seen within `stale_after_s` and taking work."""
+    since = utcnow() - timedelta(seconds=stale_after_s)
+    with store.session() as s:
+        return list(s.scalars(select(m.Worker.id).where(
+            m.Worker.device_key == device_key, m.Worker.last_seen_at >= since,
+            m.Worker.state.in_(("idle", "busy")))))
+
+
 def max_cores(store: Store, device_key: str) -> int | None:
     """The most `num-cores` of any worker registered for `device_key` (None: none registered,
     or none says)."""

@@ -27,6 +27,11 @@ class Keys:
         """Stream of measurements for the workers of one board class (fields: input)."""
         return f"{self.prefix}measure:{device_key}"
 
+    def parked(self, device_key: str) -> str:
+        """Confirmation entries held back from the worker that measured the original (hash:
+        entry id -> that worker's id): the next other worker of the key takes them."""
+        return f"{self.prefix}parked:{device_key}"
+
     def dead(self, device_key: str) -> str:
         """Dead-lettered measurements (fields: input, reason, deliveries)."""
         return f"{self.prefix}dead:{device_key}"

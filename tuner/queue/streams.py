@@ -89,7 +89,8 @@ def enqueue(r: redis.Redis, stream: str, fields: Mapping[str, str], *,
     return str(r.xadd(stream, values, maxlen=maxlen, approximate=True))
 
 
-def _entries(raw: Sequence[Any] | None) -> list[Entry]:
+def entries_of(raw: Sequence[Any] | None) -> list[Entry]:
+    """The entries of an XREAD/XCLAIM/XAUTOCLAIM reply (those deleted while pending left out)."""
     out = []
     for entry_id, fields in raw or []:
         if fields is None:  # deleted while pending (Redis < 7 reports it this way)
@@ -113,7 +114,7 @@ def read_new(r: redis.Redis, stream: str, group: str, consumer: str, *, count: i
             raise
         out: list[Entry] = []
         for _name, raw in reply or []:
-            out.extend(_entries(raw))
+            out.extend(entries_of(raw))
         return out
     return []  # pragma: no cover - the loop returns or raises
 
@@ -149,7 +150,7 @@ def reclaim(r: redis.Redis, stream: str, group: str, consumer: str, *, min_idle_
                 ensure_group(r, stream, group)
                 return []
             raise
-        claimed += _entries(reply[1] if len(reply) > 1 else [])
+        claimed += entries_of(reply[1] if len(reply) > 1 else [])
         cursor = str(reply[0])
         if cursor == "0-0" or len(claimed) >= count:
             break

@@ -11,6 +11,14 @@ endpoint commits every record a worker posts), so a tuner only ever waits on the
 
 Redis may be wiped while we wait: an entry that vanished without a record is issued and
 enqueued again (issuing is idempotent: it only extends the trial's expiry).
+
+No single worker sets a best (with `confirm`, the setting TUNEFARM_CONFIRM_BEST): the API
+stores a worker's valid result as a farm record that GET /v1/best passes over until it is
+confirmed (`tuner.db.trials`). A valid result that would
+become the workload's served best is measured again before `measure_one` returns it: the same
+input as a confirmation trial (`<trial id>-confirm`, context `confirms`), which the API hands
+to another live worker of the key when there is one (`avoid`: the worker holding the first
+trial's lease), else to the same worker's next fresh sandbox.
 """
 
 from __future__ import annotations
@@ -20,7 +28,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import cast
 
 import redis
@@ -37,6 +45,12 @@ from tuner.service.serving import WorkerWatch
 log = logging.getLogger(__name__)
 
 _Entries = list[tuple[str, dict[str, str]]]  # stream entries, as a decoding client returns them
+CONFIRM_TRIES = 2  # a confirmation lost with its worker is enqueued once more
+
+
+def confirmation_id(trial_id: str) -> str:
+    """The trial id of the confirmation of `trial_id` (within the 64 characters of a trial)."""
+    return f"{trial_id[:56]}-confirm"
 
 
 class Interrupted(JobHandedOff):
@@ -73,7 +87,7 @@ class RemoteMeasurer(Measurer):
                  trial_ttl_s: float | None = None,
                  interrupt: Callable[[], str | None] | None = None,
                  shutdown: threading.Event | None = None,
-                 watch: WorkerWatch | None = None) -> None:
+                 watch: WorkerWatch | None = None, confirm: bool = False) -> None:
         self.r = redis_client
         self.keys = keys
         self.device_key = device_key
@@ -91,6 +105,8 @@ class RemoteMeasurer(Measurer):
         self._lost_last: dict[str, str] = {}  # job_id -> last Keys.lost entry id read
         self._events_last: dict[str, str] = {}  # job_id -> last Keys.events entry id read
         self.requeued = 0  # entries enqueued again after they vanished (for tests and logs)
+        self.confirm = confirm
+        self._avoid: dict[str, str] = {}  # confirmation trial -> the worker to avoid
         metrics.device_key_seen(device_key)
 
     # ------------------------------------------------------------------ queue
@@ -98,15 +114,20 @@ class RemoteMeasurer(Measurer):
         """Issue `inputs` in SQL (before they are enqueued); False when the database failed
         (they are not enqueued then: `_check_entry` tries again)."""
         try:
-            trials.issue(self.store, inputs, self.device_key, self.trial_ttl_s)
+            for avoid in {self._avoid.get(i.trial_id) for i in inputs}:
+                same = [i for i in inputs if self._avoid.get(i.trial_id) == avoid]
+                trials.issue(self.store, same, self.device_key, self.trial_ttl_s, avoid=avoid)
             return True
         except DatabaseError as exc:
             log.warning("cannot issue %d trials (will retry): %s", len(inputs), exc)
             return False
 
     def _enqueue(self, inp: MeasureInput) -> str | None:
+        fields = {"input": inp.to_json()}
+        if (avoid := self._avoid.get(inp.trial_id)) is not None:
+            fields["avoid"] = avoid
         try:
-            return streams.enqueue(self.r, self.stream, {"input": inp.to_json()})
+            return streams.enqueue(self.r, self.stream, fields)
         except (redis.RedisError, OSError) as exc:
             log.warning("cannot enqueue trial %s on %s (will retry): %s", inp.trial_id,
                         self.stream, exc)
@@ -153,7 +174,57 @@ class RemoteMeasurer(Measurer):
             self._pending.pop(inp.trial_id, None)
             self._lost.pop(inp.trial_id, None)
         metrics.trial_measured(self.device_key, res.invalidity)
+        if self.confirm and res.invalidity is Invalidity.OK and self._leads(inp, res):
+            self._confirm(inp, job_id)
         return res
+
+    def _leads(self, inp: MeasureInput, res: MeasureResult) -> bool:
+        """Would this valid farm result become its workload's served best? (Not a
+        confirmation itself, and faster than the best served now, or none is served.)"""
+        ctx = inp.context or {}
+        if ctx.get("confirms") is not None or res.median_s is None:
+            return False
+        try:
+            top = [r for r in self.store.best(int(ctx["workload_id"]), int(ctx["target_id"]),
+                                              k=2, served=True) if r.trial_id != inp.trial_id]
+        except (DatabaseError, KeyError, TypeError, ValueError) as exc:
+            log.warning("trial %s: cannot read the served best (%s); not confirmed", inp.trial_id,
+                        exc)
+            return False
+        # against the served record's own median, not the slower of its two: a candidate as
+        # fast as the best within noise is not measured again
+        return not top or top[0].median_s is None or res.median_s < top[0].median_s
+
+    def _confirm(self, inp: MeasureInput, job_id: str | None) -> None:
+        """Measure `inp` again as its confirmation trial, avoiding the worker that measured it
+        when another is live; a lost confirmation is tried again once. The API records the
+        verdict on the original record (confirmed at the slower median, or refuted)."""
+        issued = trials.issued(self.store, inp.trial_id)
+        cinp = replace(inp, trial_id=confirmation_id(inp.trial_id),
+                       context={**(inp.context or {}), "confirms": inp.trial_id})
+        if issued is not None and issued.holder:
+            self._avoid[cinp.trial_id] = issued.holder
+        try:
+            for _attempt in range(CONFIRM_TRIES):
+                now = time.monotonic()
+                entry = self._enqueue(cinp) if self._issue([cinp]) else None
+                pend = self._pending[cinp.trial_id] = _Pending(cinp, entry, now, now)
+                try:
+                    res = self._wait(pend, job_id)
+                except BaseException:  # the job stops: withdraw the confirmation too
+                    self.discard()
+                    raise
+                finally:
+                    self._pending.pop(cinp.trial_id, None)
+                    self._lost.pop(cinp.trial_id, None)
+                if res.invalidity is not Invalidity.WORKER_LOST:
+                    log.info("trial %s confirmed by %s: %s", inp.trial_id, cinp.trial_id,
+                             res.invalidity)
+                    return
+                if self.interrupt() or (self.shutdown is not None and self.shutdown.is_set()):
+                    return  # abandoned with its job: not enqueued again
+        finally:
+            self._avoid.pop(cinp.trial_id, None)
 
     def _wait(self, pend: _Pending, job_id: str | None) -> MeasureResult:
         tid = pend.inp.trial_id

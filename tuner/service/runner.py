@@ -180,7 +180,8 @@ class TunerService:
                 self.r, self.keys, req.device_key, store=self.store,
                 queue_wait_s=self.settings.queue_wait_s, lease_s=self.settings.lease_s,
                 trial_ttl_s=self.settings.trial_ttl_s,
-                interrupt=lambda: self._budget_spent(watch), shutdown=watch.abort, watch=serving)
+                interrupt=lambda: self._budget_spent(watch), shutdown=watch.abort, watch=serving,
+                confirm=self.settings.confirm_best)
             tuner = Tuner(self.store, _Deadlined(measurer, lambda: self._time_left(watch)),
                           on_progress=self._progress, should_stop=lambda: self._should_stop(watch))
             self._publish_state(job.id, JobState.RUNNING)
