@@ -40,6 +40,12 @@ class ParseGate:
     def waiting(self) -> int:
         return self._waiting
 
+    def refuse_if_full(self) -> None:
+        """429 `parse_busy` at once when every slot and queue place is taken: what `admit`
+        would answer, asked before any other work (on the event loop, no thread, no SQL)."""
+        if self._waiting >= self.queue + self.slots:
+            raise self._busy(f"{self._waiting} requests are parsing or waiting to")
+
     @contextmanager
     def admit(self, who: str, texts: int = 1) -> Iterator[None]:
         if texts <= 0:

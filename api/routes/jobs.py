@@ -42,18 +42,26 @@ IDEMPOTENCY_KEY = r"^[!-~](?:[ -~]*[!-~])?$"
     **_PROBLEMS, 400: {"model": Problem, "description": "malformed JSON"},
     429: {"model": Problem, "description": "rate limited, or over a quota (`quota_exceeded`: "
                                            "queued jobs, trials per job, queued trials)"}})
-def submit_job(body: JobCreate, response: Response, ctx: CtxDep, principal: UserDep,
-               idempotency_key: Annotated[str | None, Header(
-                   min_length=1, max_length=200, pattern=IDEMPOTENCY_KEY)] = None
-               ) -> JobPublic:
+async def submit_job(body: JobCreate, response: Response, ctx: CtxDep, principal: UserDep,
+                     idempotency_key: Annotated[str | None, Header(
+                         min_length=1, max_length=200, pattern=IDEMPOTENCY_KEY)] = None
+                     ) -> JobPublic:
     """Validate and queue a tuning job, owned by the caller's token. With an
     `Idempotency-Key` (the caller's own: other owners' keys are unrelated), repeating the same
     request returns the same job; reusing the key for a different request is a 422
     `idempotency_conflict`. Over a quota: 429 `quota_exceeded` with `Retry-After`."""
-    done = jobs.submit(ctx, body, idempotency_key, principal)
-    response.headers["Location"] = JOB_LOCATION.format(done.job.id)
-    response.headers["Retry-After"] = "2"
-    return jobs_db.job_view(ctx.store, done.job)
+    # a flood of new TVMScript texts while every parser is taken is refused here, before it
+    # takes a thread or a query (the API's event loop keeps answering everyone else)
+    if not ctx.resolver.knows(body.workload):
+        ctx.resolver.gate.refuse_if_full()
+
+    def submit() -> JobPublic:
+        done = jobs.submit(ctx, body, idempotency_key, principal)
+        response.headers["Location"] = JOB_LOCATION.format(done.job.id)
+        response.headers["Retry-After"] = "2"
+        return jobs_db.job_view(ctx.store, done.job)
+
+    return await run_in_threadpool(submit)
 
 
 @router.get("", response_model=JobPage, responses=PAGED)

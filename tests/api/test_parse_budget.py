@@ -136,7 +136,7 @@ def test_each_principal_has_a_parse_budget(app: tuple[App, list[int]]) -> None:
         assert len(started) == 3
 
 
-P99_BOUND_S = 0.1
+P99_BOUND_S = 0.05  # the issue's goal
 PROBE = """
 import json, sys, threading, time
 import httpx
@@ -212,9 +212,8 @@ def test_a_flood_of_tvmscript_keeps_the_api_responsive(store: Any, redis_url: st
     print(f"\nflood: {created} created, {busy} parse_busy in {took:.1f} s; /healthz p99 "
           f"{p99 * 1e3:.1f} ms, median {statistics.median(health) * 1e3:.1f} ms over "
           f"{len(health)} probes")
-    # the issue's goal is 50 ms; on a 2-core machine this API process measured 35-75 ms (the
-    # burst of refused requests contends for its GIL while two parse children run): the bound
-    # here is what it keeps, a goal not met
+    # 22-44 ms over ten runs on a 2-core machine, once parse children ran in the idle class
+    # with their autogroup at the lowest weight (`tuner.lean`); 35-80 ms before
     assert len(health) >= 20 and p99 < P99_BOUND_S and statistics.median(health) < 0.01, (
         f"/healthz p99 {p99 * 1e3:.1f} ms over {len(health)} probes, median "
         f"{statistics.median(health) * 1e3:.1f} ms; the flood took {took:.1f} s")

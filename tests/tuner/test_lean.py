@@ -10,6 +10,9 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 from tuner import lean
 from tuner.isolation import child_env
@@ -40,6 +43,46 @@ def _run(argv: list[str], tmp_path: Path) -> dict:
 def test_a_lean_child_runs_its_module_without_torch(tmp_path: Path) -> None:
     got = _run(lean.argv("probe_child", "7", "--drop=nobody"), tmp_path)
     assert got == {"torch": False, "argv": ["7", "--drop=nobody"], "name": "__main__"}
+
+
+SCHED_PROBE = """\
+import json, os
+print(json.dumps({"idle": os.sched_getscheduler(0) == os.SCHED_IDLE,
+                  "autogroup": open("/proc/self/autogroup").read().split()}))
+"""
+
+
+def test_an_idle_child_yields_the_cpu_from_its_first_import(tmp_path: Path) -> None:
+    """A parse child (`idle=True`) runs in the idle class, and its session's autogroup (it
+    leads a session of its own) at the lowest weight, before its module's package imports
+    anything; a plain lean child does neither."""
+    (tmp_path / "sched_child.py").write_text(SCHED_PROBE)
+    env = child_env({"PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)])})
+
+    def run(idle: bool) -> dict:
+        out = subprocess.run(lean.argv("sched_child", idle=idle), env=env, cwd=tmp_path,
+                             capture_output=True, text=True, timeout=60, check=True,
+                             start_new_session=True)
+        return json.loads(out.stdout.strip().splitlines()[-1])
+
+    idle, plain = run(True), run(False)
+    assert idle["idle"] and idle["autogroup"][-1] == "19", idle
+    assert not plain["idle"] and plain["autogroup"][-1] == "0", plain
+
+
+def test_the_tvmscript_parser_starts_idle(monkeypatch: pytest.MonkeyPatch) -> None:
+    from tuner.workloads import isolate
+
+    started: list[list[str]] = []
+    popen = subprocess.Popen
+
+    def spy(argv: list[str], *args: Any, **kw: Any) -> Any:
+        started.append(list(argv))
+        return popen(argv, *args, **kw)
+
+    monkeypatch.setattr(isolate.subprocess, "Popen", spy)
+    isolate._parse_in_child(["not tvmscript"])
+    assert started and started[0][started[0].index("tuner.lean") + 1] == lean.IDLE
 
 
 def test_without_lean_torch_is_whatever_is_installed(tmp_path: Path) -> None:

@@ -119,7 +119,7 @@ def _parse_in_child(texts: list[str]) -> list[tuple[bool, Any]]:
     # the child confines itself (`Limits.apply_here`) before it reads the text: spawned without
     # a preexec_fn, so starting it does not fork this (large) process and stall its threads
     argv = lean.argv(CHILD_MODULE, f"--limits={start.as_json()}",
-                     *([f"--drop={limits.user}"] if late_drop else []))
+                     *([f"--drop={limits.user}"] if late_drop else []), idle=True)
     request = json.dumps({"texts": texts, "max_tvmscript_bytes": settings.max_tvmscript_bytes,
                           "max_tvmscript_nodes": settings.max_tvmscript_nodes})
     tmp = tempfile.mkdtemp(prefix="tunefarm-parse-")
