@@ -17,7 +17,8 @@ invalidation, no event):
                     posted again answers 200 `inserted: false`)
     the latency     plausible (422 implausible_latency): its fastest sample no faster than
                     `min_plausible_latency_s` nor than `max_plausible_ops_per_s` operations
-                    per second for the workload's operations
+                    per second for the workload's operations, nor than PEAK_MARGIN times the
+                    device key's declared peak (`peak_gflops`) when one is declared
 
 With TUNEFARM_CONFIRM_BEST, a valid result is stored as a farm record, served by GET /v1/best
 only once a confirmation trial (the same input measured again, issued by the tuner) agrees; the
@@ -50,6 +51,10 @@ log = logging.getLogger(__name__)
 MAX_SAMPLES = 1000  # latencies per result
 MAX_TEXT = 64 << 10  # characters of an error message
 MAX_NAME = 64  # characters of context.space and context.tvm_version (their columns' size)
+# a device key's declared fp32 peak (TUNEFARM_PEAK_GFLOPS) times this bounds any plausible
+# operation rate: int8 and bf16 units run more operations a cycle than fp32 FMAs (AMX int8
+# about 13x an AVX-512 core's fp32 on a Sapphire Rapids), and a peak may be declared low
+PEAK_MARGIN = 16.0
 
 
 def _invalid(detail: str, field: str) -> ApiProblem:
@@ -156,16 +161,22 @@ def commit(ctx: ApiContext, worker: WorkerRow, body: ResultCreate) -> ResultPubl
 
     def plausible(r: NewRecord) -> None:
         """No single worker sets a best no device can reach: the fastest sample must be at
-        least `min_plausible_latency_s` and at most `max_plausible_ops_per_s` fast."""
+        least `min_plausible_latency_s` and at most `max_plausible_ops_per_s` fast, and at
+        most PEAK_MARGIN times the device key's declared fp32 peak (`peak_gflops`)."""
         if res.invalidity is not Invalidity.OK or not res.latencies_s:
             return
         fastest = min(res.latencies_s)
-        limit = ctx.settings.max_plausible_ops_per_s
+        limit, source = ctx.settings.max_plausible_ops_per_s, "any device"
+        peak = ctx.settings.peak_gflops.get(worker.device_key)
+        if peak and peak * 1e9 * PEAK_MARGIN < limit:
+            limit = peak * 1e9 * PEAK_MARGIN
+            source = (f"{PEAK_MARGIN:g}x the {peak:g} GFLOPS declared for device key "
+                      f"{worker.device_key!r}")
         if fastest < ctx.settings.min_plausible_latency_s or flops / fastest > limit:
             raise trials.TrialRejected(
                 "implausible_latency", f"a latency of {fastest:.3g} s is implausible for "
-                f"{flops:.3g} operations (at most {limit:.3g} operations per second and at "
-                f"least {ctx.settings.min_plausible_latency_s:.3g} s a call)",
+                f"{flops:.3g} operations (at most {limit:.3g} operations per second, "
+                f"{source}, and at least {ctx.settings.min_plausible_latency_s:.3g} s a call)",
                 field="result.latencies_s")
 
     try:

@@ -254,3 +254,25 @@ def test_a_confirmation_goes_to_another_live_worker(
         done = client.post(f"/v1/workers/{poster}/results", json=conf, headers=worker)
         assert done.status_code == 200, done.text
         assert ctx.store.record(body["input"]["trial_id"]).trust == "confirmed"
+
+
+def test_a_latency_past_the_device_keys_declared_peak_is_implausible(
+        client: Any, ctx: Any, user: dict[str, str], worker: dict[str, str],
+        submit: Callable[..., dict[str, Any]], result_for: Callable[..., dict[str, Any]],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """With a peak declared for the device key (TUNEFARM_PEAK_GFLOPS), a result above 16x it is
+    a 422 naming that peak, far below the global bound; one under it is stored."""
+    from api.results import PEAK_MARGIN
+
+    job = submit(user)
+    dkey = ctx.store.get_target(ctx.store.get_job(job["id"]).target_id).device_key
+    monkeypatch.setattr(ctx, "settings", ctx.settings.model_copy(
+        update={"peak_gflops": {dkey: 100.0}}))
+    flops = 2 * 128**3
+    too_fast = result_for(job, latency_s=flops / (100e9 * PEAK_MARGIN * 3))  # 3x past the bound
+    resp = client.post("/v1/workers/w1/results", json=too_fast, headers=worker)
+    assert resp.status_code == 422 and resp.json()["code"] == "implausible_latency", resp.text
+    assert "100 GFLOPS declared for device key" in resp.json()["detail"]
+    assert ctx.store.record(too_fast["input"]["trial_id"]) is None
+    fast = result_for(job, latency_s=flops / (100e9 * PEAK_MARGIN / 3))  # within it
+    assert client.post("/v1/workers/w1/results", json=fast, headers=worker).status_code == 200

@@ -14,11 +14,11 @@ enqueued again (issuing is idempotent: it only extends the trial's expiry).
 
 No single worker sets a best (with `confirm`, the setting TUNEFARM_CONFIRM_BEST): the API
 stores a worker's valid result as a farm record that GET /v1/best passes over until it is
-confirmed (`tuner.db.trials`). A valid result that would
-become the workload's served best is measured again before `measure_one` returns it: the same
-input as a confirmation trial (`<trial id>-confirm`, context `confirms`), which the API hands
-to another live worker of the key when there is one (`avoid`: the worker holding the first
-trial's lease), else to the same worker's next fresh sandbox.
+confirmed (`tuner.db.trials`). A valid result that would become the workload's served best
+is measured again before `measure_one` returns it: the same input as a confirmation trial
+(`<trial id>-confirm`, context `confirms`), which the API hands to another live worker of the
+key when there is one (`avoid`: the worker holding the first trial's lease), else to the same
+worker's next fresh sandbox.
 """
 
 from __future__ import annotations
@@ -199,7 +199,11 @@ class RemoteMeasurer(Measurer):
         """Measure `inp` again as its confirmation trial, avoiding the worker that measured it
         when another is live; a lost confirmation is tried again once. The API records the
         verdict on the original record (confirmed at the slower median, or refuted)."""
-        issued = trials.issued(self.store, inp.trial_id)
+        try:
+            issued = trials.issued(self.store, inp.trial_id)
+        except DatabaseError as exc:
+            log.warning("trial %s: not confirmed, the database failed: %s", inp.trial_id, exc)
+            return
         cinp = replace(inp, trial_id=confirmation_id(inp.trial_id),
                        context={**(inp.context or {}), "confirms": inp.trial_id})
         if issued is not None and issued.holder:
