@@ -1,4 +1,4 @@
-"""An example model for `tunefarm tune-model` and `tunefarm build` (README, "Whole models"): a
+"""An example model for `tunefarm tune-model` and `tunefarm build` (docs/models.md): a
 transformer-style feed-forward block, x → LayerNorm(x + W2·GELU(W1·x + b1) + b2), at batch 32,
 hidden 256, FFN 1024, with random constant weights. Written with relax's BlockBuilder, so it
 needs no PyTorch; tunefarm imports this file and calls `model()` on your machine only."""

@@ -1,6 +1,6 @@
 """A model file as users write one for `tunefarm tune-model` / `tunefarm build`: GPT-2 (one block,
 small widths) from transformers' config with random weights, no download. Needs the zoo extra:
-`pip install -e '.[zoo]'`. The README's "Whole models" section tunes, builds and checks it."""
+`pip install -e '.[zoo]'`. docs/models.md tunes, builds and checks it."""
 
 import torch
 import transformers

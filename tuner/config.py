@@ -60,7 +60,7 @@ class Settings(BaseSettings):
     # off: each job learns from its own workload's records only, and no job updates the model
     cost_model_transfer: bool = True
 
-    # service: API, queues, leases (see README "Running the service")
+    # service: API, queues, leases (see docs/service.md)
     redis_url: str = "redis://127.0.0.1:6379/0"
     redis_prefix: str = "tunefarm:"
     api_url: str = "http://127.0.0.1:8000"  # where workers and `tunefarm submit` reach the API
@@ -84,7 +84,7 @@ class Settings(BaseSettings):
     # measured it (bench/peak.c), e.g. TUNEFARM_PEAK_GFLOPS='{"local": 230}'
     peak_gflops: dict[str, float] = {}
 
-    # security (README "Security"): sandboxes, quotas, HTTP limits
+    # security (docs/security.md): sandboxes, quotas, HTTP limits
     sandbox_memory_mb: int = 8192  # address space of a build/run/parse child (RLIMIT_AS)
     sandbox_cpu_s: int = 1800  # CPU seconds of one child (RLIMIT_CPU); deadlines are per phase
     sandbox_nproc: int = 512  # processes+threads of the sandbox user (only when dropping to it)

@@ -2,7 +2,7 @@
 the API, a tuner and a worker as processes on PostgreSQL and a private Redis. A person signs in,
 a job submitted from the CLI is watched to its last trial, a worker's page is opened, a job is
 cancelled from its page; no page logs a console error. Screenshots at 1280 and 390 px go to
-$TUNEFARM_SCREENSHOTS (default: the test's tmp dir; the README's come from here)."""
+$TUNEFARM_SCREENSHOTS (default: the test's tmp dir; docs/screenshots come from here)."""
 
 from __future__ import annotations
 

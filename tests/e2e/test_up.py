@@ -1,4 +1,4 @@
-"""The README's quick start of the service, as a user types it: `tunefarm up`, then
+"""The quick start of the service (docs/service.md), as a user types it: `tunefarm up`, then
 `tunefarm submit` in another terminal; Ctrl-C stops everything `up` started, and starting it
 again reuses the tokens it saved (mode 0600) instead of minting new ones."""
 

@@ -156,7 +156,7 @@ def test_tune_model_then_build_then_export_and_import(model_py: Path, tmp_path: 
     exported = _cli("db", "export", str(out), "--format", "metaschedule", env_db=url)
     assert exported.returncode == 0, exported.stderr[-2000:]
     # softmax-x86 tensorizes with tunefarm's own intrinsics: stock TVM loads and replays its
-    # records once they are registered in the process (README, "Whole models")
+    # records once they are registered in the process (docs/models.md)
     from schedules.intrinsics import register_all
 
     assert "div_bcast_recip_f32x16" in register_all()

@@ -12,7 +12,7 @@ contract of TVM's built-in databases (`tests/tuner/test_ms_database_contract.py`
   (`tuner.db.ms_lookup`).
 
 Where it differs from TVM's databases on purpose, each difference has an option that turns it
-off (README, "Using the tuning database from a compiler"):
+off (docs/compiler.md, "From a compiler pipeline"):
 - queries answer per target (`any_target=True`: the best record of any target, as TVM);
 - queries also find other spellings of the same computation, such as relax's int64
   legalization of an op spec (`same_computation=False`: module equality only);
