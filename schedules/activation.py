@@ -39,6 +39,7 @@ MIN_LANES = 8
 
 class ActivationX86(StructuralTemplate):
     name = "activation-x86"
+    target = "x86-64 (AVX-512 or AVX2)"
     ops = ("tir",)
     description = ("elementwise chain around an erf, tanh or sigmoid: folded into the "
                    "activation's input and the output, computed per step of 16-lane vectors "

@@ -113,6 +113,7 @@ TILE_M = PerfectTile(3, max_innermost=8,
 
 class DenseNeonAarch64(_NeonGemm):
     name = "dense-neon-aarch64"
+    target = "AArch64 (NEON)"
     ops = ("dense", "matmul")
     description = ("AArch64 NEON fp32 micro-kernel: mr x nv*4 accumulators in q registers "
                    "(fmla .4s), weight packed in [N/4, K, 4] panels at compile time, "
@@ -144,6 +145,7 @@ class DenseNeonAarch64(_NeonGemm):
 
 class DenseInt8SdotAarch64(_NeonGemm):
     name = "dense-int8-sdot-aarch64"
+    target = "AArch64 with +i8mm"
     ops = ("dense_int8",)
     description = ("AArch64 uint8 x int8 -> int32 dense tensorized with usdot (FEAT_I8MM, the "
                    "exact mixed-sign member of the SDOT family): mr x nv int32x4 accumulators, "

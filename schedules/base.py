@@ -136,6 +136,7 @@ class Template(ABC):
     name: str = ""
     ops: tuple[str, ...] = ()
     description: str = ""
+    target: str = ""  # the targets it serves, in words (docs/templates.md); `why_not` decides
     tensorize: bool = False
     KNOBS: ClassVar[Mapping[str, Knob]] = knob_table()
     # evolutionary search, run once per batch: each generation replays and scores (extracts the

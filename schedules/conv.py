@@ -271,6 +271,7 @@ class _Conv2dX86(_Direct):
 
 class Conv2dNCHWcX86(_Conv2dX86):
     name = "conv2d-nchwc-x86"
+    target = "x86-64 (AVX-512 or AVX2)"
     layout = "NCHW"
     description = ("NCHWc direct convolution for NCHW data: kernel packed [O/L, C, KH, KW, L] "
                    "(L = 16, 8 on AVX2) at compile time, (ow x ocv*16) register tile, reduction "
@@ -281,6 +282,7 @@ class Conv2dNCHWcX86(_Conv2dX86):
 
 class Conv2dNHWCX86(_Conv2dX86):
     name = "conv2d-nhwc-x86"
+    target = "x86-64 (AVX-512 or AVX2)"
     layout = "NHWC"
     description = ("NHWC direct convolution vectorized over output channels: kernel packed "
                    "[O/L, KH, KW, C, L] (L = 16, 8 on AVX2) at compile time, (ow x ocv*16) "
@@ -299,6 +301,7 @@ class DepthwiseNCHWX86(_Direct):
     channels (`fused_conv2d_multiply_add_clip`: MobileNet's depthwise + batch norm + relu6)."""
 
     name = "depthwise-nchw-x86"
+    target = "x86-64 (AVX-512 or AVX2)"
     ops = ("depthwise_conv2d", "tir")
     depthwise = True
     description = ("depthwise NCHW vectorized along the output width: (oh x ow-vectors) register "

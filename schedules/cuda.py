@@ -84,6 +84,7 @@ def fits_warps(warps: int, tiles: int) -> bool:
 
 class DenseWmmaCuda(Template):
     name = "dense-wmma-cuda"
+    target = "CUDA sm_70+"
     ops = ("dense",)
     description = ("CUDA tensor cores (sm_70+): fp16 dense with wmma 16x16x16 fragments "
                    "(fp16 accumulation), shared-memory staging, warp/block tiling")

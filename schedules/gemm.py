@@ -66,6 +66,7 @@ EPILOGUE_ACTIVATIONS = ("erf", "tanh", "sigmoid")
 
 class GemmX86(StructuralTemplate):
     name = "gemm-x86"
+    target = "x86-64 (AVX-512 or AVX2)"
     ops = ("matmul", "dense", "batch_matmul", "tir")
     description = ("register-blocked AVX-512 micro-kernel (mr x nv*16 accumulators), weight packed "
                    "in [N/16, K, 16] panels at compile time, parallel outer tiles")

@@ -295,6 +295,7 @@ class _DenseInt8(StructuralTemplate):
 
 class DenseInt8VNNI(_DenseInt8):
     name = "dense-int8-vnni"
+    target = "x86-64 with AVX512-VNNI"
     description = ("uint8 x int8 -> int32 dense on AVX512-VNNI: weight packed once to "
                    "[N/16, K/4, 16, 4] (layout-rewrite preproc, not timed), register-blocked "
                    "micro-kernel of rows x 16-lane accumulators tensorized with vpdpbusd "
@@ -309,6 +310,7 @@ class DenseInt8VNNI(_DenseInt8):
 
 class DenseInt8AVX2(_DenseInt8):
     name = "dense-int8-avx2"
+    target = "x86-64 with AVX2, no VNNI"
     description = ("uint8 x int8 -> int32 dense on AVX2 without VNNI: weight packed once to "
                    "[N/8, K/2, 8, 2], register-blocked micro-kernel of rows x 8-lane accumulators "
                    f"tensorized with vpmaddwd on int16-widened operands ({PMADDWD_8x2_AVX2}, "

@@ -128,6 +128,7 @@ def partial_sums(sch: Any, block: Any, partials: int, rows: int) -> list[Any]:
 
 class NormX86(StructuralTemplate):
     name = "norm-x86"
+    target = "x86-64 (AVX-512 or AVX2)"
     ops = ("tir",)
     description = ("fp32 row normalisations (layer norm, RMS norm): elementwise blocks folded, "
                    "rows in parallel, each row's sums as vector partials with a log-tree "

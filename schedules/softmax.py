@@ -98,6 +98,7 @@ def iters_row_red_lanes(sch: Any, block: Any, rows: int) -> None:
 
 class SoftmaxX86(StructuralTemplate):
     name = "softmax-x86"
+    target = "x86-64 (AVX-512 or AVX2)"
     ops = ("softmax", "tir")
     description = ("fp32 softmax over the last axis, fused per row block under one parallel "
                    "loop: vector partial max/sum (rfactor) with a log-tree horizontal reduction, "
