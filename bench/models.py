@@ -228,8 +228,8 @@ def _settings() -> Any:
 
 
 def _tune_metaschedule(mod: Any, part: Any, n_tasks: int, target: Any, trials: int, work: Path,
-                       fast_math: bool,
-                       earlier: dict[str, Any] | None = None) -> tuple[Any, dict[str, Any]]:
+                       fast_math: bool, earlier: dict[str, Any] | None = None, *,
+                       threads: int = 2, seed: int = 0) -> tuple[Any, dict[str, Any]]:
     """MetaSchedule as TVM's `static_shape_tuning` pipeline runs it: `tune_relax` on the same
     partitioned module (constant weights bound and layout-free), 32 trials per iteration, then
     built by the same passes as tunefarm's library (`tuner.model.pipeline.build`:
@@ -238,13 +238,16 @@ def _tune_metaschedule(mod: Any, part: Any, n_tasks: int, target: Any, trials: i
     from tuner.model.pipeline import build
     from tuner.tvm_api import load_tensor_intrins, ms
 
+    from .tune import ms_builder_runner
+
     if earlier is None:
         load_tensor_intrins("x86")  # the default CPU rules name its VNNI and AVX-512 dots
+        builder, runner = ms_builder_runner(threads)
         t0 = time.monotonic()
         db = ms.relax_integration.tune_relax(
             mod=part, params={}, target=target, work_dir=str(work / "ms"),
             max_trials_global=trials * n_tasks, max_trials_per_task=trials,
-            num_trials_per_iter=MS_TRIALS_PER_ITER)
+            num_trials_per_iter=MS_TRIALS_PER_ITER, builder=builder, runner=runner, seed=seed)
         earlier = {"tuning_s": time.monotonic() - t0, "trials": len(db)}
     else:
         db = ms.database.JSONDatabase(work_dir=str(work / "ms"), allow_missing=False)
@@ -311,7 +314,8 @@ def run_models(args: Any) -> int:
         ms_prev = earlier["metaschedule"] if earlier else None
         skip_ms = args.skip_ms or ms_prev == {}  # reused: only if the earlier run tuned it
         ms_exe, ms_info = (None, {}) if skip_ms else _tune_metaschedule(
-            mod, part, len(tasks), tgt, args.trials, work, args.fast_math, ms_prev)
+            mod, part, len(tasks), tgt, args.trials, work, args.fast_math, ms_prev,
+            threads=args.threads, seed=args.seed)
         if ms_exe is not None:
             print(f"    MetaSchedule tuned in {ms_info['tuning_s']:.0f} s", flush=True)
         exes = {"tunefarm": tf_exe, "metaschedule": ms_exe,

@@ -30,6 +30,27 @@ def _settings() -> Any:
     return get_settings()
 
 
+def ms_builder_runner(threads: int) -> tuple[Any, Any]:
+    """MetaSchedule's builder and runner as both suites give them: the build `default_build`
+    does without its ~11 s tensor-intrinsic import per pool (`bench.msbuild`), one build
+    process per thread, tunefarm's build timeout, and tunefarm's timing protocol. With the
+    stock LocalBuilder's 30 s timeout, a task of one candidate (a reshape, the GELU) timed out
+    in its fresh pool's start-up on a 2-core Zen 4 and MetaSchedule kept no kernel for it."""
+    from tuner import tvm_api as tv
+
+    from .msbuild import fast_build
+
+    s = _settings()
+    builder = tv.ms.builder.LocalBuilder(f_build=fast_build, max_workers=threads,
+                                         timeout_sec=s.build_timeout_s)
+    runner = tv.ms.runner.LocalRunner(
+        timeout_sec=s.run_timeout_s,
+        evaluator_config=tv.ms.runner.EvaluatorConfig(
+            number=1, repeat=s.repeats, min_repeat_ms=int(s.min_repeat_ms),
+            enable_cpu_cache_flush=s.cache_flush))
+    return builder, runner
+
+
 def resolve_space(wl: Any, target: dict[str, Any], space: str) -> str:
     """The concrete space tunefarm uses for `space` ("default": the first template that applies)."""
     from schedules.registry import resolve
@@ -90,22 +111,13 @@ def tune_metaschedule(wl: Any, target: dict[str, Any], trials: int, work_dir: Pa
                       log: Callable[[str], None] = print) -> dict[str, Any]:
     from tuner import tvm_api as tv
 
-    from .msbuild import fast_build
-
     ms = tv.ms
-    s = _settings()
     ms_dir = work_dir / "metaschedule"
     shutil.rmtree(ms_dir, ignore_errors=True)
     ms_dir.mkdir(parents=True)
     tgt = tv.make_target(target)
     mod = wl.mod()
-    builder = ms.builder.LocalBuilder(f_build=fast_build, max_workers=threads,
-                                      timeout_sec=s.build_timeout_s)
-    runner = ms.runner.LocalRunner(
-        timeout_sec=s.run_timeout_s,
-        evaluator_config=ms.runner.EvaluatorConfig(
-            number=1, repeat=s.repeats, min_repeat_ms=int(s.min_repeat_ms),
-            enable_cpu_cache_flush=s.cache_flush))
+    builder, runner = ms_builder_runner(threads)
     database = ms.database.JSONDatabase(work_dir=str(ms_dir))
     tv.load_tensor_intrins("x86")  # the default CPU rules name its VNNI and AVX-512 dots
     log(f"    metaschedule: tune_tir, {trials} trials")

@@ -91,3 +91,31 @@ def test_a_reference_of_zeros_is_refused() -> None:
         models.checked_reference("mobilenet", [np.full((1, 1000), 1e-31, "float32")])
     ref = [np.ones((2, 2), "float32")]
     assert models.checked_reference("ok", ref) is ref
+
+
+def test_metaschedule_tunes_a_model_with_the_op_suites_builder_and_runner(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """tune_relax gets the builder of bench.msbuild (no 30 s start-up timeout that lost every
+    one-candidate task), tunefarm's build timeout and timing protocol, and the seed."""
+    from bench.msbuild import fast_build
+    from tuner.config import get_settings
+    from tuner.model import pipeline
+    from tuner.tvm_api import ms
+
+    got: dict[str, Any] = {}
+
+    def tune_relax(**kw: Any) -> list[Any]:
+        got.update(kw)
+        return []
+
+    monkeypatch.setattr(ms.relax_integration, "tune_relax", tune_relax)
+    monkeypatch.setattr(pipeline, "build", lambda *a, **k: pipeline.Built(
+        executable="exe", tasks=[], untuned=[]))
+    models._tune_metaschedule("MOD", "PART", 3, "llvm", 16, tmp_path, False, threads=2, seed=7)
+    s = get_settings()
+    builder, runner = got["builder"]._inst, got["runner"]._inst  # TVM's derived objects
+    assert builder.f_build is fast_build and builder.timeout_sec == s.build_timeout_s
+    assert runner.timeout_sec == s.run_timeout_s
+    assert runner.evaluator_config.repeat == s.repeats
+    assert (got["max_trials_global"], got["max_trials_per_task"], got["seed"]) == (48, 16, 7)
+    assert got["num_trials_per_iter"] == 32
