@@ -5,7 +5,8 @@ Each model is defined here in torch with random weights (no downloads) and taken
 `torch.export` -> relax, partitioned by tunefarm's pipeline (`tuner.model.pipeline`). Then, in
 one process:
 - tunefarm: `ModelTuner` (the engine of `tunefarm tune-model`) with `--trials` per task times the
-  number of tasks as its budget, on a fresh SQLite database, then `tuner.model.pipeline.build`;
+  number of tasks as its budget and `--trials` as every task's cap (as MetaSchedule's), on a
+  fresh SQLite database, then `tuner.model.pipeline.build`;
 - MetaSchedule: `ms.relax_integration.tune_relax` on the same partitioned module with the same
   total budget, `max_trials_per_task` = `--trials` and 32 trials per iteration, then built by
   the same passes as tunefarm's library (`_tune_metaschedule`: its weights packed at compile
@@ -214,6 +215,7 @@ def _tune_tunefarm(mod: Any, tasks: list[Any], target: dict[str, Any], trials: i
         with LocalMeasurer() as measurer:
             summary = ModelTuner(store, measurer, on_progress=progress).run(ModelRequest(
                 tasks=tasks, target=target, trials=trials * len(tasks),
+                max_trials_per_task=trials,  # MetaSchedule's cap too: equal budgets
                 options=MeasureOptions.from_settings(_settings(), target)))
         info = {"tuning_s": time.monotonic() - t0, "trials": summary.trials,
                 "estimate_s": summary.estimate_s}

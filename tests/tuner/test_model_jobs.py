@@ -25,7 +25,8 @@ SPECS = [{"op": "matmul", "shape": [16, 16, 16]}, {"op": "matmul", "shape": [8, 
 
 
 def _model(store: Store, *, owner: str = "alice", trials: int = 12, round_trials: int = 4,
-           wall_budget_s: float | None = None, resume: bool = False) -> mj.ModelRow:
+           wall_budget_s: float | None = None, resume: bool = False,
+           max_trials_per_task: int | None = None) -> mj.ModelRow:
     tref = store.ensure_target(tv.canonical_target_json(tv.make_target(TARGET)), "dev")
     tasks = []
     for i, spec in enumerate(SPECS):
@@ -34,7 +35,7 @@ def _model(store: Store, *, owner: str = "alice", trials: int = 12, round_trials
     return mj.create_model(store, mj.NewModel(
         name="m", owner=owner, target=tref, space="default", trials=trials,
         round_trials=round_trials, options=JobOptions(4, 0), tasks=tasks,
-        wall_budget_s=wall_budget_s, resume=resume))
+        wall_budget_s=wall_budget_s, resume=resume, max_trials_per_task=max_trials_per_task))
 
 
 def _measure(store: Store, job_id: str, n: int, latency: float, *,
@@ -82,6 +83,24 @@ def test_rounds_spend_the_budget_one_task_job_each(store: Store) -> None:
     # the estimate after each round: unknown until both tasks measured, then falling
     est = [e for _, e in done.estimates]
     assert est[0] is None and est[1] is None and est[2] is not None and est[-1] < est[2]
+
+
+def test_no_task_gets_more_than_the_per_task_cap(store: Store) -> None:
+    """With MetaSchedule's per-task cap (equal budgets in a comparison): a round never takes a
+    task past it, a capped task gets no more rounds, and the model ends with budget left."""
+    model = _model(store, trials=40, round_trials=4, max_trials_per_task=6)
+    spent: dict[str, int] = {}
+    while (a := mj.advance(store, model.id, gradient_plan)).started:
+        assert a.job_id is not None
+        job = store.get_job(a.job_id)
+        assert job is not None
+        step = job.trials - spent.get(a.job_id, 0)
+        assert step in (4, 2)  # a round of 4, then the 2 left under the cap
+        _measure(store, a.job_id, step, 1e-3 / (1 + job.trials))  # always improving
+        spent[a.job_id] = job.trials
+    done = mj.get_model(store, model.id)
+    assert sorted(t.trials for t in done.tasks) == [6, 6] and done.spent == 12
+    assert done.state is JobState.SUCCEEDED and done.message.startswith(EXHAUSTED)
 
 
 def test_worker_lost_records_do_not_count_and_a_failed_task_stops(store: Store) -> None:

@@ -52,6 +52,9 @@ class NewTask:
     space: str  # resolved for this workload and target
 
 
+PER_TASK_CAP = "max_trials_per_task"  # the key of the model's options that stores the cap
+
+
 @dataclass(frozen=True)
 class NewModel:
     name: str
@@ -66,6 +69,7 @@ class NewModel:
     idempotency_key: str | None = None
     request_hash: str | None = None
     resume: bool = False  # the latest model job of the same key and owner, budget `trials`
+    max_trials_per_task: int | None = None  # no task's job gets more (MetaSchedule's cap)
 
     @property
     def model_key(self) -> str:
@@ -143,6 +147,7 @@ class RoundState:
     spent: int
     time_left_s: float | None
     tasks: list[TaskRow]
+    max_trials_per_task: int | None = None  # trials of this model job per task, at most
 
 
 @dataclass(frozen=True)
@@ -210,7 +215,9 @@ def _insert(s: Session, new: NewModel, now: datetime) -> m.ModelJob:
     row = m.ModelJob(
         id=uuid.uuid4().hex, model_key=new.model_key, name=new.name, owner=new.owner,
         target_id=new.target.id, space=new.space, trials=new.trials,
-        round_trials=new.round_trials, options_json=json.dumps(new.options.as_json()),
+        round_trials=new.round_trials, options_json=json.dumps(
+            {**new.options.as_json(), **({PER_TASK_CAP: new.max_trials_per_task}
+                                         if new.max_trials_per_task else {})}),
         wall_budget_s=new.wall_budget_s, state=JobState.QUEUED.value, message="queued",
         estimates_json="[]", idempotency_key=new.idempotency_key,
         request_hash=new.request_hash, created_at=now, updated_at=now)
@@ -300,7 +307,9 @@ def advance(store: Store, model_id: str, plan: Plan, *,
         now = utcnow()
         left = (time_left_s or _wall_left(row, now))(row.started_at)
         spent = sum(t.trials for t in tasks)
-        d = plan(RoundState(row.trials, row.round_trials, spent, left, tasks))
+        cap = json.loads(row.options_json).get(PER_TASK_CAP)
+        d = plan(RoundState(row.trials, row.round_trials, spent, left, tasks,
+                            int(cap) if cap else None))
         estimates = json.loads(row.estimates_json)
         if not estimates or estimates[-1] != [spent, d.estimate_s]:
             row.estimates_json = json.dumps([*estimates, [spent, d.estimate_s]])

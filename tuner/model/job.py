@@ -53,6 +53,7 @@ class ModelRequest:
     options: MeasureOptions = field(default_factory=MeasureOptions)
     wall_budget_s: float | None = None  # no new round starts after this long
     name: str = "model"
+    max_trials_per_task: int | None = None  # no task gets more (None: the scheduler decides)
 
 
 @dataclass(frozen=True)
@@ -206,4 +207,4 @@ class ModelTuner:
         return model_jobs.create_model(self.store, model_jobs.NewModel(
             name=req.name, owner=LOCAL_OWNER, target=tref, space=req.space, trials=req.trials,
             round_trials=req.round_trials, options=JobOptions(req.batch_size, req.seed),
-            tasks=tasks, resume=True))
+            tasks=tasks, resume=True, max_trials_per_task=req.max_trials_per_task))
