@@ -4,6 +4,7 @@ duplicated trial, and the farm keeps working."""
 
 from __future__ import annotations
 
+import dataclasses
 import signal
 import time
 from collections.abc import Iterator
@@ -102,6 +103,10 @@ def _freshly_held(r: redis.Redis, stream: str) -> bool:
         return False
 
 
+def _measurement(r: Any) -> Any:
+    return dataclasses.replace(r, trust="", confirmed_s=None)
+
+
 def test_sigkill_tuner_then_a_new_one_resumes(farm: Farm, pg_url: str) -> None:
     farm.start_tuner("t1")
     farm.start_worker("w1")
@@ -115,7 +120,9 @@ def test_sigkill_tuner_then_a_new_one_resumes(farm: Farm, pg_url: str) -> None:
     after = _records(pg_url, job_id)
     _no_lost_no_duplicate(after, 12)
     by_id = {r.trial_id: r for r in after}
-    assert all(by_id[t] == r for t, r in before.items())  # committed records survive unchanged
+    # committed measurements survive unchanged (a confirmation t1 left queued may have judged
+    # one since: its trust and confirmed latency are the only fields that move)
+    assert all(_measurement(by_id[t]) == _measurement(r) for t, r in before.items())
 
 
 def test_redis_flushed_mid_job(farm: Farm, pg_url: str) -> None:
