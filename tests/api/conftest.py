@@ -175,15 +175,12 @@ def confirmation_body(ctx: Any, body: dict[str, Any], *, latency_s: float | None
     """The post of the confirmation of the result `body` (its trial issued as the tuner's
     `RemoteMeasurer` issues it: the same input, `<trial>-confirm`, context `confirms`), with
     `latency_s` (default: the original's median) or a failure."""
-    from dataclasses import replace
-
     from tuner.db import trials
     from tuner.measure import Invalidity, MeasureInput, MeasureResult
-    from tuner.service.measurer import confirmation_id
+    from tuner.service.measurer import confirmation_of
 
     inp = MeasureInput.from_json(json.dumps(body["input"]))
-    cinp = replace(inp, trial_id=confirmation_id(inp.trial_id),
-                   context={**(inp.context or {}), "confirms": inp.trial_id})
+    cinp = confirmation_of(inp)
     issued = trials.issued(ctx.store, inp.trial_id)
     assert issued is not None
     trials.issue(ctx.store, [cinp], issued.device_key, ttl_s=600, avoid=issued.holder)

@@ -53,6 +53,12 @@ def confirmation_id(trial_id: str) -> str:
     return f"{trial_id[:56]}-confirm"
 
 
+def confirmation_of(inp: MeasureInput) -> MeasureInput:
+    """The confirmation trial of `inp`: the same input, its own id, context `confirms`."""
+    return replace(inp, trial_id=confirmation_id(inp.trial_id),
+                   context={**(inp.context or {}), "confirms": inp.trial_id})
+
+
 class Interrupted(JobHandedOff):
     """The tuner process is stopping (or lost the job's lease, or the job was cancelled under
     it): the job's state is not this run's to decide; another tuner resumes it."""
@@ -204,8 +210,7 @@ class RemoteMeasurer(Measurer):
         except DatabaseError as exc:
             log.warning("trial %s: not confirmed, the database failed: %s", inp.trial_id, exc)
             return
-        cinp = replace(inp, trial_id=confirmation_id(inp.trial_id),
-                       context={**(inp.context or {}), "confirms": inp.trial_id})
+        cinp = confirmation_of(inp)
         if issued is not None and issued.holder:
             self._avoid[cinp.trial_id] = issued.holder
         try:
