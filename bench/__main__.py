@@ -1,4 +1,5 @@
-"""`python -m bench --suite public --trials 64 [--only P1,P7] [--out bench/results] ...`
+"""`python -m bench --suite public --trials 64 [--only P1,P7] [--out bench/results] ...`, and
+`python -m bench report --out DIR` (bench/plots.py).
 
 Only the standard library is imported before the thread variables are set: TVM, OpenBLAS and
 OpenMP read them once, when they load.
@@ -92,6 +93,11 @@ def set_thread_env(threads: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    rest = sys.argv[1:] if argv is None else argv
+    if rest[:1] == ["report"]:  # python -m bench report --out DIR: bench/plots.py
+        from .plots import main as report
+
+        return report(rest[1:])
     args = parse_args(argv)
     set_thread_env(args.threads)
     if args.cost_model_scale:

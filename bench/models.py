@@ -205,20 +205,24 @@ def _tune_tunefarm(mod: Any, tasks: list[Any], target: dict[str, Any], trials: i
 
     store = Store(f"sqlite:///{work / 'tunefarm.db'}")
 
+    info: dict[str, Any] = {}
+    curve: list[list[Any]] = []  # [trials, wall_s, estimate_s]: bench/curves.py
+    t0 = time.monotonic()
+
     def progress(p: ModelProgress) -> None:
         est = f"{p.estimate_s * 1e3:.3f} ms" if p.estimate_s else "-"
         log(f"    tunefarm [{p.trials}/{p.total}] estimate {est}  {p.message}")
+        if not curve or curve[-1][0] != p.trials:
+            curve.append([p.trials, time.monotonic() - t0, p.estimate_s])
 
-    info: dict[str, Any] = {}
     if earlier is None:
-        t0 = time.monotonic()
         with LocalMeasurer() as measurer:
             summary = ModelTuner(store, measurer, on_progress=progress).run(ModelRequest(
                 tasks=tasks, target=target, trials=trials * len(tasks),
                 max_trials_per_task=trials,  # MetaSchedule's cap too: equal budgets
                 options=MeasureOptions.from_settings(_settings(), target)))
         info = {"tuning_s": time.monotonic() - t0, "trials": summary.trials,
-                "estimate_s": summary.estimate_s}
+                "estimate_s": summary.estimate_s, "curve": curve}
     built = build(mod, target, TunefarmDatabase(store, ranking="median"), fast_math=fast_math)
     return built.executable, {**(earlier or info), "untuned": built.untuned}
 
@@ -240,23 +244,24 @@ def _tune_metaschedule(mod: Any, part: Any, n_tasks: int, target: Any, trials: i
     from tuner.model.pipeline import build
     from tuner.tvm_api import load_tensor_intrins, ms
 
-    from .tune import ms_builder_runner
+    from .curves import best_so_far, callbacks, stamps
+    from .tune import MS_TRIALS_PER_ITER, ms_builder_runner
 
     if earlier is None:
         load_tensor_intrins("x86")  # the default CPU rules name its VNNI and AVX-512 dots
         builder, runner = ms_builder_runner(threads)
+        stamped = stamps()
         t0 = time.monotonic()
         db = ms.relax_integration.tune_relax(
             mod=part, params={}, target=target, work_dir=str(work / "ms"),
             max_trials_global=trials * n_tasks, max_trials_per_task=trials,
-            num_trials_per_iter=MS_TRIALS_PER_ITER, builder=builder, runner=runner, seed=seed)
-        earlier = {"tuning_s": time.monotonic() - t0, "trials": len(db)}
+            num_trials_per_iter=MS_TRIALS_PER_ITER, builder=builder, runner=runner,
+            measure_callbacks=callbacks(stamped), seed=seed)
+        earlier = {"tuning_s": time.monotonic() - t0, "trials": len(db),
+                   "curve": best_so_far(stamped.batches)}
     else:
         db = ms.database.JSONDatabase(work_dir=str(work / "ms"), allow_missing=False)
     return build(mod, target, db, fast_math=fast_math).executable, earlier
-
-
-MS_TRIALS_PER_ITER = 32  # MetaSchedule's docs: two batches of 32, not one untrained batch of 64
 
 
 def run_models(args: Any) -> int:
@@ -277,6 +282,10 @@ def run_models(args: Any) -> int:
     tgt = make_target(target)
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
+    from .report import machine_info
+
+    (out_dir / "machine.json").write_text(json.dumps(
+        machine_info(target, args.threads, torch), indent=2, default=str))
     results: dict[str, Any] = {}
     saved = out_dir / "models.json"
     previous = json.loads(saved.read_text()) if args.reuse_tuning and saved.exists() else {}

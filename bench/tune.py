@@ -21,7 +21,11 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-INVALID_S = 1e9  # MetaSchedule records a failed candidate with run_secs 1e10
+from .curves import INVALID_S, best_so_far, callbacks, stamps, tunefarm_db_curve
+
+# MetaSchedule's docs: batches of 32 (with 64 trials, two batches, the second chosen by a cost
+# model trained on the first, not one untrained batch of 64)
+MS_TRIALS_PER_ITER = 32
 
 
 def _settings() -> Any:
@@ -103,7 +107,7 @@ def tune_tunefarm(wl: Any, target: dict[str, Any], trials: int, work_dir: Path, 
     return {"tuner": "tunefarm", "space": resolved, "wall_s": wall, "trials": trials,
             "trials_done": summary.trials_done, "valid": counts.get("ok", 0), "counts": counts,
             "stop_reason": summary.stop_reason, "best_s_tuning": summary.best_s,
-            "best_trace": trace, "db": str(db_path)}
+            "best_trace": trace, "db": str(db_path), "curve": tunefarm_db_curve(db_path)}
 
 
 def tune_metaschedule(wl: Any, target: dict[str, Any], trials: int, work_dir: Path, *,
@@ -121,9 +125,11 @@ def tune_metaschedule(wl: Any, target: dict[str, Any], trials: int, work_dir: Pa
     database = ms.database.JSONDatabase(work_dir=str(ms_dir))
     tv.load_tensor_intrins("x86")  # the default CPU rules name its VNNI and AVX-512 dots
     log(f"    metaschedule: tune_tir, {trials} trials")
+    stamped = stamps()
     t0 = time.monotonic()
     db = ms.tune_tir(mod=mod, target=tgt, work_dir=str(ms_dir), max_trials_global=trials,
-                     num_trials_per_iter=64, builder=builder, runner=runner, database=database,
+                     num_trials_per_iter=MS_TRIALS_PER_ITER, builder=builder, runner=runner,
+                     database=database, measure_callbacks=callbacks(stamped),
                      num_tuning_cores=threads, seed=seed)
     wall = time.monotonic() - t0
     records = db.get_all_tuning_records()
@@ -141,7 +147,7 @@ def tune_metaschedule(wl: Any, target: dict[str, Any], trials: int, work_dir: Pa
             "stop_reason": "budget reached" if len(records) >= trials else "search ended",
             "best_s_tuning": secs(best) if best is not None else None,
             "best_trace": tv.trace_to_json(best.trace) if best is not None else None,
-            "db": str(ms_dir), "first_errors": errors}
+            "db": str(ms_dir), "first_errors": errors, "curve": best_so_far(stamped.batches)}
 
 
 def _ms_errors(ms_dir: Path, n: int = 3) -> list[str]:

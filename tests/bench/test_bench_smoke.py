@@ -4,7 +4,9 @@ TVM loads) and checks that results.json has every column and that every output w
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -16,16 +18,24 @@ REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
 
 
-def test_bench_runs_a_tiny_suite_and_reports_every_column(tmp_path: Path) -> None:
-    suite = tmp_path / "suite.json"
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """(the suite file, the output directory) of one run of a one-workload suite."""
+    tmp = tmp_path_factory.mktemp("bench")
+    suite = tmp / "suite.json"
     suite.write_text(json.dumps([{"id": "S1", "title": "matmul 64³", "peak": "fp32",
                                   "spec": {"op": "matmul", "shape": [64, 64, 64]}}]))
-    out = tmp_path / "out"
+    out = tmp / "out"
     proc = subprocess.run(
         [sys.executable, "-m", "bench", "--suite", str(suite), "--trials", "2", "--rounds", "1",
          "--min-ms", "2", "--no-torch", "--out", str(out)],
         cwd=REPO, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return suite, out
+
+
+def test_bench_runs_a_tiny_suite_and_reports_every_column(tiny_run: tuple[Path, Path]) -> None:
+    suite, out = tiny_run
 
     doc = json.loads((out / "results.json").read_text())
     assert doc["config"]["trials"] == 2 and doc["config"]["rounds"] == 1
@@ -48,6 +58,12 @@ def test_bench_runs_a_tiny_suite_and_reports_every_column(tmp_path: Path) -> Non
         assert v[name]["same_params_as_tuned_kernel"] is True
         t = w["tuning"][name]
         assert t["wall_s"] > 0 and t["trials_done"] == 2 and t["valid"] >= 1
+        # the tuning curve: one point per trial, best so far never rising, within the tuning
+        curve = t["curve"]
+        assert [p[0] for p in curve] == [1, 2], (name, curve)
+        lats = [p[2] for p in curve if p[2] is not None]
+        assert lats and lats == sorted(lats, reverse=True), (name, curve)
+        assert all(0 <= p[1] <= t["wall_s"] for p in curve), (name, curve)
 
     # every table column has its value in the JSON
     assert doc["columns"][0] == "workload" and len(doc["columns"]) == 10
@@ -119,3 +135,20 @@ def test_the_transfer_benchmark_runs_leave_one_out_and_judges_side_by_side(
         assert len(w["warm_measured"]) == 4
     md = (out / "transfer" / "transfer.md").read_text()
     assert "| S1 | matmul 64³ |" in md and "| | geometric mean |" in md
+
+
+def test_the_report_renders_the_run_on_one_page(tiny_run: tuple[Path, Path]) -> None:
+    """`python -m bench report`: the latency bars, the % of peak and each workload's tuning
+    curves, as PNGs the page links (matplotlib: the bench extra, which CI installs)."""
+    if importlib.util.find_spec("matplotlib") is None:
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail("matplotlib is missing (pip install -e '.[bench]'); CI=true requires it")
+        pytest.skip("matplotlib is not installed: pip install -e '.[bench]'")
+    _, out = tiny_run
+    proc = subprocess.run([sys.executable, "-m", "bench", "report", "--out", str(out)],
+                          cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    page = (out / "report.md").read_text()
+    assert "](plots/suite.png)" in page and "](plots/curve-S1.png)" in page, page
+    for png in ("suite.png", "curve-S1.png"):
+        assert (out / "plots" / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

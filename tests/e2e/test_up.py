@@ -21,16 +21,17 @@ pytestmark = pytest.mark.slow
 
 
 def _start_up(env: dict[str, str], port: int, log: Path) -> subprocess.Popen[bytes]:
-    """`tunefarm up`, once it printed that everything is up (its API answers)."""
+    """`tunefarm up`, once it printed that everything is up (its API answers) and where the
+    user token is (the line after)."""
     with log.open("ab") as out:
         up = subprocess.Popen([sys.executable, "-m", "tuner", "up", "--port", str(port)],
                               env=env, stdout=out, stderr=subprocess.STDOUT,
                               start_new_session=True)
     deadline = time.monotonic() + 90
-    while ("tunefarm is up" not in log.read_text() and up.poll() is None
+    while ("(`tunefarm submit` uses it)" not in log.read_text() and up.poll() is None
            and time.monotonic() < deadline):
         time.sleep(0.2)
-    if "tunefarm is up" not in log.read_text():
+    if "(`tunefarm submit` uses it)" not in log.read_text():
         kill_group(up)
         pytest.fail(f"`tunefarm up` did not come up: {log.read_text()[-3000:]}")
     return up

@@ -247,11 +247,11 @@ def up(
                 err.print(f"the API did not become ready at {api_url}; stopping",
                           style="bold red")
                 raise typer.Exit(1)
+        # one write, not wrapped: a script (or a test) that sees the first line sees the token
         console.print(f"tunefarm is up: API {api_url} (docs {api_url}/v1/docs, dashboard "
                       f"{api_url}/ui), 1 tuner, 1 worker ({device_key}); database "
-                      f"{store.safe_url}")
-        console.print(f"user token {'reused from' if reused else 'saved to'} {token_file()} "
-                      "(`tunefarm submit` uses it):")
+                      f"{store.safe_url}\nuser token {'reused from' if reused else 'saved to'} "
+                      f"{token_file()} (`tunefarm submit` uses it):", soft_wrap=True)
         sys.stdout.write(user_tok + "\n")
         sys.stdout.flush()
         _wait(procs)
