@@ -181,6 +181,10 @@ class WorkloadBest(BaseModel):
     first_s: float
     speedup: float
     last_measured_at: str
+    task_names: list[str] = Field(
+        default_factory=list, description="The names of the model tasks with this PrimFunc in "
+        "the caller's own model jobs (every owner's for an admin; none for a worker), first "
+        "few in name order.")
 
 
 class Whoami(BaseModel):

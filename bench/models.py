@@ -13,7 +13,7 @@ one process:
   time, as TVM's `static_shape_tuning` pipeline builds it);
 - TVM untuned: the partitioned module compiled as is;
 - PyTorch under `inference_mode`: eager, and `torch.compile` default and max-autotune, each with
-  inductor's freezing, channels-last too for convolution models (`torch_variants`).
+  inductor's freezing, channels-last too for convolution models (`bench.torchref`).
 All are timed interleaved (`bench.timing`), every output checked against PyTorch eager.
 `--fast-math` partitions with GELU's erf/tanh approximated (`tuner.model.fastmath`; every
 TVM variant then uses it). `--scale small` shrinks each model (hidden sizes, sequence,
@@ -24,13 +24,14 @@ variant from them again and times it without tuning again.
 
 from __future__ import annotations
 
-import copy
 import json
 import math
 import shutil
 import time
 from pathlib import Path
 from typing import Any
+
+from .torchref import checked_reference, torch_variants
 
 SCALES = {
     "full": {"bert": dict(seq=128, hidden=768, heads=12, ffn=3072),
@@ -343,18 +344,6 @@ def run_models(args: Any) -> int:
     return 0
 
 
-def checked_reference(name: str, reference: list[Any]) -> list[Any]:
-    """PyTorch eager's outputs, the reference of every variant; SystemExit when they are all
-    about zero (a deep net with random weights and fresh batch-norm statistics), where the
-    output check would compare nothing."""
-    import numpy as np
-
-    if max(float(np.abs(r).max()) for r in reference) < 1e-4:
-        raise SystemExit(f"{name}: PyTorch's output is about zero everywhere: the output check "
-                         "compares nothing (calibrate its batch norm, or scale its weights)")
-    return reference
-
-
 def _time(exes: dict[str, Any], net: Any, inputs: tuple[Any, ...], reference: list[Any],
           args: Any, torch: Any) -> dict[str, Any]:
     """The compiled models, PyTorch eager and torch.compile timed interleaved."""
@@ -372,37 +361,6 @@ def _time(exes: dict[str, Any], net: Any, inputs: tuple[Any, ...], reference: li
         variants += torch_variants(net, inputs, torch, compiled=not args.no_torch)
         return time_interleaved(variants, reference, 1e-3, 1e-3, rounds=args.rounds,
                                 min_ms=args.min_ms)
-
-
-TORCH_COMPILE_MODES = ("default", "max-autotune")
-
-
-def torch_variants(net: Any, inputs: tuple[Any, ...], torch: Any, *,
-                   compiled: bool = True) -> list[Any]:
-    """PyTorch as its experts run it on a CPU (call under `torch.inference_mode()`, threads set
-    by the caller): eager, and `torch.compile` in the default and max-autotune modes, each with
-    inductor's freezing (constant weights folded: batch norm into convolutions, weights prepacked
-    for oneDNN), compiled on its first call here, before any timing; a convolution model also
-    channels-last (its inputs converted once, outside the timed call)."""
-    from bench.timing import Variant
-
-    out = [Variant("pytorch", fn=lambda: net(*inputs))]
-    if not compiled:
-        return out
-    has_conv = any(isinstance(m, torch.nn.Conv2d) for m in net.modules())
-    layouts = [("", net, inputs)]
-    if has_conv:
-        cl = copy.deepcopy(net).to(memory_format=torch.channels_last)
-        layouts.append((", channels-last", cl, tuple(
-            x.to(memory_format=torch.channels_last) if x.dim() == 4 else x for x in inputs)))
-    for mode in TORCH_COMPILE_MODES:
-        for suffix, model, args in layouts:
-            fn = torch.compile(model, mode=None if mode == "default" else mode)
-            with torch._inductor.config.patch(freezing=True):
-                fn(*args)  # compiled (and frozen) here
-            out.append(Variant(f"torch.compile {mode}+freezing{suffix}",
-                               fn=lambda fn=fn, args=args: fn(*args)))
-    return out
 
 
 def _summary(results: dict[str, Any], out_dir: Path) -> None:

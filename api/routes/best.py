@@ -41,12 +41,15 @@ async def get_best(
 @router.get("/workloads", response_model=list[WorkloadBest], responses={
     401: {"model": Problem}, 403: {"model": Problem}, 422: {"model": Problem}})
 async def list_best(
-    ctx: CtxDep, _: ReaderDep,
+    ctx: CtxDep, principal: ReaderDep,
     op: Annotated[str | None, Query(pattern=OP, description="Only workloads of this op")] = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 200,
 ) -> list[WorkloadBest]:
     """Every workload × target with a valid record, most recently measured first: its best
     latency and GFLOPS, and the speed-up of the best over the first valid candidate measured
-    there. Shared like GET /v1/best: no TVMScript, no job or owner."""
-    rows = await run_in_threadpool(dashboard.best_table, ctx.store, limit=limit, op=op)
+    there. Shared like GET /v1/best: no TVMScript, no job or owner; a model's PrimFunc is named
+    by the caller's own model tasks (`task_names`)."""
+    names_of = None if principal.scope is Scope.WORKER else principal.owner
+    rows = await run_in_threadpool(dashboard.best_table, ctx.store, limit=limit, op=op,
+                                   names_of=names_of, every_owner=principal.scope is Scope.ADMIN)
     return [WorkloadBest(**row.as_dict()) for row in rows]

@@ -130,6 +130,32 @@ def test_the_best_table_gives_each_workloads_best_and_its_speedup_over_the_first
     assert bad.status_code == 422 and bad.headers["content-type"] == "application/problem+json"
 
 
+def test_a_models_primfunc_is_named_by_its_owners_tasks_only(
+        client: Any, ctx: Any, user: dict[str, str], worker: dict[str, str],
+        admin: dict[str, str], result_for: ResultFor, confirm: Callable[..., Any]) -> None:
+    from tests.support.tasks import TASKS
+    from tuner.db.tokens import create_token
+
+    body = {"name": "mlp", "tasks": TASKS, "target": {"kind": "llvm", "num-cores": 1},
+            "trials": 8, "round_trials": 4, "batch_size": 4}
+    resp = client.post("/v1/models", json=body, headers=user)
+    assert resp.status_code == 202, resp.text
+    job = client.get(f"/v1/jobs/{resp.json()['tasks'][0]['job_id']}", headers=user).json()
+    posted = result_for(job, latency_s=1e-4)
+    _post(client, worker, posted)
+    confirm(posted)
+
+    def names(headers: dict[str, str]) -> list[list[str]]:
+        got = client.get("/v1/workloads", headers=headers)
+        assert got.status_code == 200, got.text
+        return [row["task_names"] for row in got.json()]
+
+    assert names(user) == [["fused_matmul"]]  # the dashboard's row says what it is in the model
+    assert names(admin) == [["fused_matmul"]]
+    other = bearer(create_token(ctx.store, "user", name="someone-else"))
+    assert names(other) == [[]] and names(worker) == [[]]  # the row is shared, the names not
+
+
 def test_jobs_filter_by_op_and_an_admin_by_owner(client: Any, ctx: Any, user: dict[str, str],
                                                 admin: dict[str, str], submit: Submit) -> None:
     from tuner.db.tokens import create_token

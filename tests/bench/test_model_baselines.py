@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from bench import models
+from bench import models, torchref
 from bench.timing import check
 
 
@@ -62,7 +62,7 @@ def test_pytorch_runs_eager_and_compiled_with_freezing_and_max_autotune(
     net = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.ReLU()).eval()
     inputs = (torch.randn(1, 3, 8, 8),)
     with torch.inference_mode():
-        variants = models.torch_variants(net, inputs, torch)
+        variants = torchref.torch_variants(net, inputs, torch)
         outs = [v.fn() for v in variants]
     names = [v.name for v in variants]
     assert names == ["pytorch", "torch.compile default+freezing",
@@ -74,7 +74,7 @@ def test_pytorch_runs_eager_and_compiled_with_freezing_and_max_autotune(
                          ("max-autotune", True)]
     for out in outs:
         np.testing.assert_allclose(out.numpy(), outs[0].numpy(), rtol=1e-6, atol=1e-6)
-    linear = models.torch_variants(torch.nn.Linear(4, 4), (torch.randn(2, 4),), torch)
+    linear = torchref.torch_variants(torch.nn.Linear(4, 4), (torch.randn(2, 4),), torch)
     assert not any("channels-last" in v.name for v in linear)  # no convolution: no layout
 
 
@@ -90,9 +90,9 @@ def test_the_output_check_fails_on_a_perturbed_output() -> None:
 def test_a_reference_of_zeros_is_refused() -> None:
     """A net whose output is ~0 (random weights, uncalibrated batch norm) would pass any check."""
     with pytest.raises(SystemExit, match="compares nothing"):
-        models.checked_reference("mobilenet", [np.full((1, 1000), 1e-31, "float32")])
+        torchref.checked_reference("mobilenet", [np.full((1, 1000), 1e-31, "float32")])
     ref = [np.ones((2, 2), "float32")]
-    assert models.checked_reference("ok", ref) is ref
+    assert torchref.checked_reference("ok", ref) is ref
 
 
 def test_metaschedule_tunes_a_model_with_the_op_suites_builder_and_runner(

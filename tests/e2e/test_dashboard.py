@@ -160,6 +160,12 @@ def test_a_person_watches_a_cli_job_to_its_last_trial_and_opens_a_worker(
     assert ui.page.locator('#model-tasks th >> text="why untuned"').count() == 1
     assert ui.page.locator('[data-field="untuned"]').count() == 0
     ui.shot(shots / "model-1280.png")
+    # the best schedules name the model's PrimFuncs by their tasks, and fit the page
+    ui.go("#/best")
+    ui.page.wait_for_selector("#best-table >> text=fused_matmul", timeout=60_000)
+    assert ui.page.evaluate("""() => { const w = document.querySelector('#best-table .table-wrap');
+        return w.scrollWidth <= w.clientWidth; }"""), "the best table runs off the page"
+    ui.shot(shots / "best-model-1280.png")
 
     # a long job, cancelled from its page
     job = farm.client().submit_job({"workload": {"op": "matmul", "shape": [64, 64, 128]},
@@ -180,6 +186,13 @@ def test_a_person_watches_a_cli_job_to_its_last_trial_and_opens_a_worker(
     phone.go("#/workers")
     phone.page.wait_for_selector("#workers-table")
     phone.shot(shots / "workers-390.png")
+    phone.go("#/best")
+    phone.page.wait_for_selector("#best-table table")
+    # on a phone the latencies are on screen without scrolling sideways
+    right = phone.page.evaluate("""() => Math.max(...[...document.querySelectorAll(
+        '#best-table tbody tr')].map((tr) => tr.children[2].getBoundingClientRect().right))""")
+    assert right <= 390, right
+    phone.shot(shots / "best-390.png")
     assert phone.errors == [], phone.errors
     phone.close()
 

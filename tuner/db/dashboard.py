@@ -56,14 +56,21 @@ class BestRow:
     first_s: float  # the first valid candidate measured there
     speedup: float  # first_s / best_s
     last_measured_at: str
+    task_names: tuple[str, ...] = ()  # of the model tasks with this PrimFunc (`best_table`)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
-def best_table(store: Store, *, limit: int = 200, op: str | None = None) -> list[BestRow]:
+MAX_TASK_NAMES = 3  # per row: a PrimFunc met in many models is named by its first few tasks
+
+
+def best_table(store: Store, *, limit: int = 200, op: str | None = None,
+               names_of: str | None = None, every_owner: bool = False) -> list[BestRow]:
     """Workload × target pairs with a best that may be served (`Store.best(served=True)`: a
-    worker's record once confirmed, at its confirmed latency), most recently measured first."""
+    worker's record once confirmed, at its confirmed latency), most recently measured first.
+    A row of a model's PrimFunc is named by its tasks in the model jobs of owner `names_of`
+    (of every owner with `every_owner`; unnamed with neither): names are the owner's, like jobs."""
     ok = Invalidity.OK.value
     r = m.Record
     served = (r.invalidity == ok) & r.trust.in_(m.SERVED_TRUST)
@@ -90,6 +97,7 @@ def best_table(store: Store, *, limit: int = 200, op: str | None = None) -> list
         workloads = {w.id: w for w in s.scalars(select(m.Workload).where(m.Workload.id.in_(wids)))}
         targets = {t.id: t for t in s.scalars(select(m.Target).where(m.Target.id.in_(tids)))}
         first_s = {i: v for i, v in s.execute(select(r.id, r.median_s).where(r.id.in_(firsts)))}
+        names = _task_names(s, wids, names_of, every_owner)
         best_of = {(row.workload_id, row.target_id): row.best_s for row in rows}
         best_ids: dict[tuple[int, int], str] = {}
         for wid, tid, median_s, trial_id in s.execute(
@@ -108,5 +116,21 @@ def best_table(store: Store, *, limit: int = 200, op: str | None = None) -> list
                 target=json.loads(t.target_json), device_key=t.device_key, records=int(row.n),
                 valid=int(row.valid or 0), best_s=best_s, best_gflops=gflops(w.flops, best_s),
                 best_trial_id=best_ids.get((row.workload_id, row.target_id), ""),
-                first_s=first, speedup=first / best_s, last_measured_at=row.last.isoformat()))
+                first_s=first, speedup=first / best_s, last_measured_at=row.last.isoformat(),
+                task_names=names.get(row.workload_id, ())))
     return out
+
+
+def _task_names(s: Any, wids: set[int], owner: str | None,
+                every_owner: bool) -> dict[int, tuple[str, ...]]:
+    if owner is None and not every_owner:
+        return {}
+    q = (select(m.ModelTask.workload_id, m.ModelTask.name).distinct()
+         .where(m.ModelTask.workload_id.in_(wids)))
+    if not every_owner:
+        q = q.join(m.ModelJob, m.ModelJob.id == m.ModelTask.model_id).where(
+            m.ModelJob.owner == owner)
+    found: dict[int, list[str]] = {}
+    for wid, name in s.execute(q.order_by(m.ModelTask.workload_id, m.ModelTask.name)):
+        found.setdefault(wid, []).append(name)
+    return {wid: tuple(ns[:MAX_TASK_NAMES]) for wid, ns in found.items()}

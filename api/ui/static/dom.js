@@ -113,12 +113,12 @@ export function sortableTable(columns, rows, { sortBy = 0, desc = false, limit =
     });
     const shown = sorted.slice(0, limit);
     const head = h("tr", null, columns.map((c, i) => h("th", {
-      class: `${c.num ? "num" : ""} sortable`, "aria-sort": i === key ? (down ? "descending" : "ascending") : "none",
+      class: `${c.num ? "num" : ""} ${c.cls || ""} sortable`, "aria-sort": i === key ? (down ? "descending" : "ascending") : "none",
       onclick: () => { if (key === i) down = !down; else { key = i; down = !!c.desc; } draw(); },
     }, c.label, i === key ? (down ? " ▾" : " ▴") : "")));
     const body = document.createDocumentFragment();
     for (const r of shown) {
-      body.append(h("tr", null, columns.map((c) => h("td", { class: c.num ? "num" : "" },
+      body.append(h("tr", null, columns.map((c) => h("td", { class: `${c.num ? "num" : ""} ${c.cls || ""}` },
         c.render ? c.render(r) : c.value(r)))));
     }
     const note = rows.length > shown.length
