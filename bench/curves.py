@@ -11,7 +11,9 @@ curve shows how each tuner got there.
   a model: the progress reports of `ModelTuner` (one per trial).
 - MetaSchedule: `Stamps`, a measure callback added to MetaSchedule's default ones, stamps each
   batch with its wall time and its candidates' mean latency (MetaSchedule's ranking), and each
-  task's weight from the task scheduler.
+  task's weight from the task scheduler. The stamp is when the task scheduler takes the batch's
+  results in (`JoinRunningTask`), which is when MetaSchedule's search learns them: with one
+  batch per task (32 trials per task at 32 per iteration) that is at the end of the tuning.
 """
 
 from __future__ import annotations
@@ -26,23 +28,25 @@ Point = list[float | None]  # [trials, wall_s, latency_s or None]
 INVALID_S = 1e9  # MetaSchedule records a failed candidate with run_secs 1e10
 
 
-def best_so_far(batches: list[tuple[float, int, float, list[float]]]) -> list[Point]:
-    """Points from batches `(wall_s, task, weight, latencies)` in the order they were measured:
-    one point per candidate, the Σ weight × best of each task seen so far (None while a task
-    seen has no valid candidate). A failed candidate's latency is `inf`."""
+def best_so_far(batches: list[tuple[float, int, float, list[float]]],
+                n_tasks: int | None = None) -> list[Point]:
+    """Points from batches `(wall_s, task, weight, latencies)` in the order their results came
+    back: one point per batch (its candidates were measured together), after it, the Σ weight ×
+    best of each task, None until every task (`n_tasks`; default: every task seen so far) has a
+    valid candidate: a sum over some of a model's tasks is no estimate of the model. A failed
+    candidate's latency is `inf`."""
     best: dict[int, float] = {}
     weights: dict[int, float] = {}
     points: list[Point] = []
     n = 0
     for wall, task, weight, lats in batches:
         weights[task] = weight
+        n += len(lats)
         for lat in lats:
-            n += 1
             if math.isfinite(lat) and lat < best.get(task, math.inf):
                 best[task] = lat
-            known = len(best) == len(weights)
-            est = sum(weights[t] * best[t] for t in weights) if known else None
-            points.append([n, wall, est])
+        known = len(best) == max(len(weights), n_tasks or 0)
+        points.append([n, wall, sum(weights[t] * best[t] for t in weights) if known else None])
     return points
 
 
@@ -83,11 +87,13 @@ def stamps() -> Any:
         def __init__(self) -> None:
             self.t0 = time.monotonic()
             self.batches: list[tuple[float, int, float, list[float]]] = []
+            self.n_tasks = 0
 
         def apply(self, task_scheduler: Any, task_id: int, measure_candidates: Any,
                   builder_results: Any, runner_results: Any) -> None:
             try:
                 weight = float(task_scheduler.tasks_[task_id].task_weight)
+                self.n_tasks = len(task_scheduler.tasks_)
             except (AttributeError, IndexError):
                 weight = 1.0
             lats = []

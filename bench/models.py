@@ -259,7 +259,7 @@ def _tune_metaschedule(mod: Any, part: Any, n_tasks: int, target: Any, trials: i
             num_trials_per_iter=MS_TRIALS_PER_ITER, builder=builder, runner=runner,
             measure_callbacks=callbacks(stamped), seed=seed)
         earlier = {"tuning_s": time.monotonic() - t0, "trials": len(db),
-                   "curve": best_so_far(stamped.batches)}
+                   "curve": best_so_far(stamped.batches, stamped.n_tasks or n_tasks)}
     else:
         db = ms.database.JSONDatabase(work_dir=str(work / "ms"), allow_missing=False)
     return build(mod, target, db, fast_math=fast_math).executable, earlier

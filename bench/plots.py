@@ -52,8 +52,9 @@ def _bars(ax: Any, timing: dict[str, dict[str, Any]], title: str) -> None:
     ax.set_yticks(list(y), [n if timing[n].get("status", "ok") == "ok" else f"{n} (WRONG)"
                             for n in names], fontsize=8)
     ax.invert_yaxis()
-    for i, m in enumerate(med):
-        ax.text(m, i, f" {m:.3g}", va="center", fontsize=7)
+    for i, (m, up) in enumerate(zip(med, hi, strict=True)):  # past the whisker, not on it
+        ax.text(m + up, i, f"  {m:.3g}", va="center", fontsize=7)
+    ax.set_xlim(0, max(m + up for m, up in zip(med, hi, strict=True)) * 1.12 if med else 1)
     ax.set_xlabel("ms (median of the rounds; whiskers: fastest and slowest round)")
     ax.set_title(title, fontsize=9)
 
@@ -69,13 +70,19 @@ def _curves(axes: Any, runs: dict[str, list[list[Any]]], title: str, unit_ms: bo
             continue
         drawn = True
         scale = 1e3 if unit_ms else 1.0
-        axes[0].step([p[0] for p in pts], [p[2] * scale for p in pts], where="post",
-                     label=name, color=_color(name))
-        axes[1].step([p[1] for p in pts], [p[2] * scale for p in pts], where="post",
-                     label=name, color=_color(name))
+        mark = "o" if len(pts) < 20 else None  # a curve of one point (a tuner that learnt every
+        for ax, x in zip(axes, (0, 1), strict=True):  # task's result at its end) stays visible
+            ax.step([p[x] for p in pts], [p[2] * scale for p in pts], where="post", label=name,
+                    color=_color(name), marker=mark, markersize=4)
     for ax, xl in zip(axes, ("trials", "tuning wall time, s"), strict=True):
         ax.set_xlabel(xl)
-        ax.set_ylabel("best so far, ms")
+        ax.set_ylabel("best so far, ms (log scale)")
+        ax.set_yscale("log")  # a first random candidate may be 100× the last best
+        from matplotlib.ticker import FuncFormatter
+
+        plain = FuncFormatter(lambda v, _pos: f"{v:g}")
+        ax.yaxis.set_major_formatter(plain)
+        ax.yaxis.set_minor_formatter(plain)
         ax.set_title(title, fontsize=9)
         ax.grid(alpha=0.3)
         if drawn:
@@ -97,8 +104,10 @@ def _models(doc: dict[str, Any], plots: Path, plt: Any) -> list[str]:
         tf, ms = t.get("tunefarm", {}).get("median_s"), t.get("metaschedule", {}).get("median_s")
         lines += [f"### {name} ({r['scale']}, {r['tasks']} tasks, {r['trials_per_task']} trials "
                   "per task)", ""]
-        fig, ax = plt.subplots(figsize=(8, 0.45 * len(t) + 1.2))
-        _bars(ax, t, f"{name}: latency of the whole model")
+        # relax's default loops (hundreds of times slower) would flatten every other bar
+        shown = {k: v for k, v in t.items() if k != "tvm-untuned"}
+        fig, ax = plt.subplots(figsize=(8, 0.45 * len(shown) + 1.2))
+        _bars(ax, shown, f"{name}: latency of the whole model")
         fig.tight_layout()
         fig.savefig(plots / f"model-{name}.png", dpi=110)
         plt.close(fig)
@@ -106,7 +115,8 @@ def _models(doc: dict[str, Any], plots: Path, plt: Any) -> list[str]:
         rows = [("tunefarm", tf), ("MetaSchedule", ms),
                 (f"best torch.compile ({best_c})" if best_c else "torch.compile",
                  compiled.get(best_c) if best_c else None),
-                ("PyTorch eager", t.get("pytorch", {}).get("median_s"))]
+                ("PyTorch eager", t.get("pytorch", {}).get("median_s")),
+                ("TVM untuned (not in the plot)", t.get("tvm-untuned", {}).get("median_s"))]
         lines += ["", "| variant | median | tunefarm / it |", "|---|---:|---:|"]
         lines += [f"| {label} | {_ms(v)} | {tf / v:.2f} |" if tf and v else
                   f"| {label} | {_ms(v)} | - |" for label, v in rows]
@@ -119,7 +129,10 @@ def _models(doc: dict[str, Any], plots: Path, plt: Any) -> list[str]:
                    f"{name}: estimated model latency (Σ weight × task best)"):
             fig.tight_layout()
             fig.savefig(plots / f"curve-{name}.png", dpi=110)
-            lines.append(f"![{name} tuning curves](plots/curve-{name}.png)")
+            lines += [f"![{name} tuning curves](plots/curve-{name}.png)", "",
+                      "A tuner's curve starts once every task has a valid candidate (a sum over "
+                      "some of the tasks is no estimate of the model); MetaSchedule's points "
+                      "are when its task scheduler took each batch's results in."]
         else:
             lines.append("No tuning curve recorded (a run before bench/curves.py).")
         plt.close(fig)

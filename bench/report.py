@@ -11,10 +11,14 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-VARIANTS = ("tunefarm", "metaschedule", "pytorch", "numpy")
+# tunefarm's kernel again, called from a Python loop as PyTorch and numpy are (bench.timing):
+# "same loop" is its ratio to PyTorch, "dispatch µs" what the Python call adds to the C++ loop's
+PYLOOP = "tunefarm-pyloop"
+VARIANTS = ("tunefarm", "metaschedule", "pytorch", "numpy", PYLOOP)
 BUSY_LOAD = 0.5  # 1-minute load average above which the machine was not idle
 COLUMNS = ["workload", "tunefarm ms (GFLOPS)", "MS ms (GFLOPS)", "PyTorch", "numpy", "% of peak",
-           "best round", "tunefarm/MS", "tunefarm/PyTorch", "tuning s tunefarm / MS"]
+           "best round", "tunefarm/MS", "tunefarm/PyTorch", "same loop", "dispatch µs",
+           "tuning s tunefarm / MS"]
 
 
 def _cpu() -> dict[str, Any]:
@@ -116,12 +120,14 @@ def geomean(xs: list[float]) -> float | None:
 def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
     r = [w["ratios"]["tunefarm/metaschedule"] for w in rows if w.get("ratios")]
     p = [w["ratios"]["tunefarm/pytorch"] for w in rows if w.get("ratios")]
+    same = [w["ratios"].get("tunefarm/pytorch, same loop") for w in rows if w.get("ratios")]
     g_ms = geomean([x for x in r if x is not None])
     g_pt = geomean([x for x in p if x is not None])
     return {"geomean_tunefarm_over_metaschedule": g_ms,
             "n_tunefarm_over_metaschedule": sum(x is not None for x in r),
             "geomean_tunefarm_over_pytorch": g_pt,
             "n_tunefarm_over_pytorch": sum(x is not None for x in p),
+            "geomean_tunefarm_over_pytorch_same_loop": geomean([x for x in same if x]),
             "wrong_outputs": [f"{w['id']}:{k}" for w in rows
                               for k, v in w.get("variants", {}).items()
                               if v.get("status") == "WRONG"]}
@@ -173,12 +179,16 @@ def markdown(doc: dict[str, Any]) -> str:
             cell(v.get("numpy"), flops, gfl), _f(pct, "{:.0f}%"),
             _f(w.get("pct_of_peak_best_round"), "{:.0f}%"),
             _f(w["ratios"].get("tunefarm/metaschedule")),
-            _f(w["ratios"].get("tunefarm/pytorch")), tune]) + " |")
+            _f(w["ratios"].get("tunefarm/pytorch")),
+            _f(w["ratios"].get("tunefarm/pytorch, same loop")),
+            _f(w.get("dispatch_s") and w["dispatch_s"] * 1e6, "{:.1f}"), tune]) + " |")
     s = doc["summary"]
     lines += ["", f"**Geometric mean of tunefarm/MS** over {s['n_tunefarm_over_metaschedule']} "
                   f"workloads: {_f(s['geomean_tunefarm_over_metaschedule'], '{:.3f}')} "
                   f"(tunefarm/PyTorch over {s['n_tunefarm_over_pytorch']}: "
-                  f"{_f(s['geomean_tunefarm_over_pytorch'], '{:.3f}')})."]
+                  f"{_f(s['geomean_tunefarm_over_pytorch'], '{:.3f}')}; both called from "
+                  f"Python loops: "
+                  f"{_f(s.get('geomean_tunefarm_over_pytorch_same_loop'), '{:.3f}')})."]
     if s["wrong_outputs"]:
         lines += ["", f"**WRONG OUTPUTS: {', '.join(s['wrong_outputs'])}** (see results.json)."]
     notes = []

@@ -153,6 +153,11 @@ def bench_one(entry: dict[str, Any], target: dict[str, Any], out: Path, torch: A
             extra[name] = info
         else:
             status[name] = info
+        if name == "tunefarm" and v is not None:
+            variants.append(Variant(report.PYLOOP, kernel=v.kernel, python_loop=True,
+                                    note="tunefarm's kernel called from a Python loop"))
+        elif name == "tunefarm":
+            status[report.PYLOOP] = info
     model = entry.get("model")
     for name, make in (("pytorch", (lambda w, x: torch_impl(w, x, torch, model)) if torch
                         else None),
@@ -185,8 +190,11 @@ def bench_one(entry: dict[str, Any], target: dict[str, Any], out: Path, torch: A
     v = row["variants"]
     row["ratios"] = {"tunefarm/metaschedule": report.ratio(v["tunefarm"], v["metaschedule"]),
                      "tunefarm/pytorch": report.ratio(v["tunefarm"], v["pytorch"]),
-                     "tunefarm/numpy": report.ratio(v["tunefarm"], v["numpy"])}
-    tf = v["tunefarm"]
+                     "tunefarm/numpy": report.ratio(v["tunefarm"], v["numpy"]),
+                     "tunefarm/pytorch, same loop": report.ratio(v[report.PYLOOP], v["pytorch"])}
+    py, tf = v[report.PYLOOP], v["tunefarm"]
+    row["dispatch_s"] = (py["median_s"] - tf["median_s"]
+                         if report.ratio(py, tf) is not None else None)
     ok = peak and tf.get("status") == "ok" and tf.get("gflops")
     row["pct_of_peak"] = 100 * tf["gflops"] / peak if ok else None
     # the fastest round: what the kernel does undisturbed on a shared machine (bench/peak.c

@@ -5,6 +5,8 @@ timing is a run of repeated calls lasting at least `min_ms`, and gives seconds p
 result of a variant is the median over rounds. TVM kernels are timed with TVM's
 `time_evaluator` (a C++ loop; TVM grows the call count until the run lasts min_ms); PyTorch and
 numpy with a Python loop of their natural call (their per-call overhead is part of their cost).
+A TVM kernel with `python_loop` is timed in the same Python loop as PyTorch (its packed function
+called from Python): against its C++ loop, that is the dispatch cost, reported apart.
 
 Outputs are checked against the workload's reference twice: after the first call (outputs
 zeroed first, as the references assume) and after the last timed call, which also catches
@@ -64,12 +66,14 @@ def _as_list(out: Any) -> list[np.ndarray]:
 
 @dataclass
 class Variant:
-    """One implementation to time. Give either `kernel` (a bench.kernels.TvmKernel) or `fn`."""
+    """One implementation to time. Give either `kernel` (a bench.kernels.TvmKernel) or `fn`;
+    a kernel with `python_loop` is timed in a Python loop of calls, as `fn` is."""
 
     name: str
     kernel: Any = None
     fn: Callable[[], Any] | None = None
     note: str = ""
+    python_loop: bool = False
     samples: list[float] = field(default_factory=list)
     calls: list[int] = field(default_factory=list)
     checks: list[dict[str, Any]] = field(default_factory=list)
@@ -98,7 +102,7 @@ class Variant:
         self._call()
         one = max(time.perf_counter() - t0, 1e-7)
         min_s = min_ms / 1e3
-        if self.kernel is not None:
+        if self.kernel is not None and not self.python_loop:
             self._ev = self.kernel.evaluator(max(1, math.ceil(min_s / one)), min_ms)
         else:
             self._batch = max(1, min(math.ceil(0.01 / one), 1_000_000))  # ~10 ms per batch
@@ -114,6 +118,11 @@ class Variant:
             return
         min_s, n, batch = min_ms / 1e3, 0, self._batch
         call = self._call
+        if self.kernel is not None:  # the packed function itself, as a library call is
+            func, args = self.kernel.rt["main"], self.kernel.args
+
+            def call() -> None:
+                func(*args)
         t0 = time.perf_counter()
         while True:
             for _ in range(batch):

@@ -46,9 +46,9 @@ def test_bench_runs_a_tiny_suite_and_reports_every_column(tiny_run: tuple[Path, 
     assert w["id"] == "S1" and w["flops"] == 2 * 64**3 and "error" not in w
 
     v = w["variants"]
-    assert set(v) == {"tunefarm", "metaschedule", "pytorch", "numpy"}
+    assert set(v) == {"tunefarm", "metaschedule", "pytorch", "numpy", "tunefarm-pyloop"}
     assert v["pytorch"]["status"] == "unavailable"
-    for name in ("tunefarm", "metaschedule", "numpy"):
+    for name in ("tunefarm", "metaschedule", "numpy", "tunefarm-pyloop"):
         r = v[name]
         assert r["status"] == "ok" and r["correct"], (name, r)
         assert r["checked"] == 2 and all(c["ok"] for c in r["checks"])  # first call + after timing
@@ -60,13 +60,18 @@ def test_bench_runs_a_tiny_suite_and_reports_every_column(tiny_run: tuple[Path, 
         assert t["wall_s"] > 0 and t["trials_done"] == 2 and t["valid"] >= 1
         # the tuning curve: one point per trial, best so far never rising, within the tuning
         curve = t["curve"]
-        assert [p[0] for p in curve] == [1, 2], (name, curve)
+        trials = [p[0] for p in curve]  # a point per batch measured
+        assert trials[-1] == 2 and trials == sorted(set(trials)), (name, curve)
         lats = [p[2] for p in curve if p[2] is not None]
         assert lats and lats == sorted(lats, reverse=True), (name, curve)
         assert all(0 <= p[1] <= t["wall_s"] for p in curve), (name, curve)
 
     # every table column has its value in the JSON
-    assert doc["columns"][0] == "workload" and len(doc["columns"]) == 10
+    assert doc["columns"][0] == "workload" and len(doc["columns"]) == 12
+    # tunefarm's kernel from a Python loop, as PyTorch is: the difference is the dispatch
+    assert w["dispatch_s"] == pytest.approx(
+        v["tunefarm-pyloop"]["median_s"] - v["tunefarm"]["median_s"])
+    assert w["ratios"]["tunefarm/pytorch, same loop"] is None  # no PyTorch in this run
     assert w["pct_of_peak"] == pytest.approx(100 * v["tunefarm"]["gflops"] / 529.0)
     assert w["pct_of_peak_best_round"] == pytest.approx(
         100 * w["flops"] / min(v["tunefarm"]["rounds_s"]) / 1e9 / 529.0)
