@@ -20,12 +20,16 @@ from tuner.tvm_api import make_target, ms, tvm
 
 
 def fuse() -> Any:
-    """The relax passes that turn a model into fused TIR tasks (legalize, annotate, fuse)."""
+    """The relax passes that turn a model into fused TIR tasks (legalize, annotate, fuse), and
+    mark each task's bound constants `layout_free_buffers`, as tunefarm's partition and TVM's
+    `static_shape_tuning` pipeline do: MetaSchedule's RewriteLayout then packs those weights at
+    compile time, as tunefarm's templates do."""
     from tvm import relax
 
     return tvm.transform.Sequential([
         relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern(),
-        relax.transform.FoldConstant(), relax.transform.FuseOps(), relax.transform.FuseTIR()])
+        relax.transform.FoldConstant(), relax.transform.FuseOps(), relax.transform.FuseTIR(),
+        relax.transform.AttachAttrLayoutFreeBuffers()])
 
 
 def model(params: dict[str, tuple[int, ...]], body: Callable[..., Any],

@@ -217,7 +217,8 @@ def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="python -m bench report", description=(
         "Render DIR/report.md and DIR/plots/*.png from the results.json and models.json a run "
         "wrote into DIR."))
-    p.add_argument("--out", required=True, help="the run's output directory")
+    p.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"),
+                   help="the run's output directory (default: the benchmark's, bench/results)")
     page = render(Path(p.parse_args(argv).out))
     print(f"wrote {page}")
     return 0

@@ -203,9 +203,13 @@ def markdown(doc: dict[str, Any]) -> str:
             if v.get("status") in ("error", "no valid kernel", "WRONG") and why:
                 notes.append(f"- {w['id']} {name}: {v['status']}: {why}")
             if v.get("packed"):
-                shapes = "; ".join(f"{p['from'][0]} {p['from_shape'][0]} -> {p['packed_shape']}"
+                shapes = "; ".join(f"{', '.join(p['from'])} -> {p['packed_shape']}"
                                    for p in v["packed"])
                 notes.append(f"- {w['id']} {name}: weight pre-packed (not timed): {shapes}")
+            if v.get("packing_timed"):
+                notes.append(f"- {w['id']} {name}: the packing of runtime input(s) "
+                             f"{', '.join(v['packing_timed'])} is timed in every call (the "
+                             f"search measured its candidates without it)")
         if w.get("error"):
             notes.append(f"- {w['id']}: {w['error']}")
     notes += [f"- {w['id']} pytorch: {w['variants']['pytorch']['note']}" for w in doc["workloads"]

@@ -112,6 +112,7 @@ def _kernel_variant(name: str, summ: dict[str, Any] | None, wl: Any, inputs: lis
         smod = sched_mod_from_trace(wl, summ["best_trace"])
         kernel = prepare(smod, wl, inputs, tv.make_target(target))
         extra = {"packed": kernel.packed, "prepack_s": kernel.prepack_s,
+                 "packing_timed": kernel.packing_timed,
                  "same_params_as_tuned_kernel": cross_check_stripped(smod, kernel)}
         if not extra["same_params_as_tuned_kernel"]:
             log(f"    !!! {name}: the timed kernel's parameters differ from the kernel the tuner "
@@ -119,8 +120,10 @@ def _kernel_variant(name: str, summ: dict[str, Any] | None, wl: Any, inputs: lis
     except Exception as exc:
         traceback.print_exc()
         return None, {"status": "error", "reason": f"{type(exc).__name__}: {exc}"[:2000]}
-    note = "best record replayed; weight packing run once, not timed" if kernel.packed \
-        else "best record replayed"
+    note = ("best record replayed; weight packing run once, not timed" if kernel.packed else
+            f"best record replayed; the packing of runtime input(s) "
+            f"{', '.join(kernel.packing_timed)} timed in every call" if kernel.packing_timed
+            else "best record replayed")
     return Variant(name, kernel=kernel, note=note), extra
 
 

@@ -27,7 +27,9 @@ from tuner import tvm_api as tv
 PREPROC = "meta_schedule.layout_rewrite_preproc"
 PADDED_PREPROC = "tunefarm.padded_layout_rewrite_preproc"
 
-Step = tuple[str, list[Any], Any]  # (callee name, its argument vars, the var bound to its result)
+# (callee name, its arguments, the var bound to its result); an argument is a var, or
+# (var, i) for output i of a call with several (MetaSchedule may pack two weights in one)
+Step = tuple[str, list[Any], Any]
 
 
 def split(func: Any, arg_specs: list[tuple[str, tuple[int, ...], str]],
@@ -59,6 +61,8 @@ def split(func: Any, arg_specs: list[tuple[str, tuple[int, ...], str]],
                 steps.append((v.args[0].name_hint, args, b.var))
             elif isinstance(v, relax.Var):
                 alias[b.var] = alias.get(v, v)
+            elif isinstance(v, relax.TupleGetItem):  # one of a packing's several outputs
+                alias[b.var] = (alias.get(v.tuple_value, v.tuple_value), int(v.index))
             else:
                 raise RuntimeError(f"unexpected binding after SplitLayoutRewritePreproc: {v}")
     ret = main.body.body
