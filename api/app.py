@@ -18,7 +18,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 from starlette.concurrency import run_in_threadpool
 
-from tuner.config import Settings, get_settings
+from tuner.core.config import Settings, get_settings
 
 from . import errors, openapi
 from .context import ApiContext
@@ -101,7 +101,7 @@ def serve(settings: Settings | None = None, *, host: str | None = None, port: in
 
     settings = settings or get_settings()
     # with TUNEFARM_LOG_FORMAT=json uvicorn's own lines go through the root logger's JSON
-    # formatter (`tuner.logs.setup`, done by `tunefarm serve`) instead of its text handlers
+    # formatter (`tuner.core.logs.setup`, done by `tunefarm serve`) instead of its text handlers
     log_config = None if settings.log_format == "json" else LOGGING_CONFIG
     uvicorn.run(create_app(settings, freeze_gc=True), host=host or settings.api_host,
                 port=port or settings.api_port, log_level=log_level, access_log=False,

@@ -23,8 +23,8 @@ from typing import Any
 import redis
 from starlette.concurrency import run_in_threadpool
 
-from tuner.errors import NotFound
-from tuner.records import best_record
+from tuner.core.errors import NotFound
+from tuner.interop.records import best_record
 
 from .context import ApiContext
 from .resolve import BestKey

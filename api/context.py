@@ -13,7 +13,7 @@ from typing import Any
 from redis import Redis
 from redis.asyncio import Redis as AsyncRedis
 
-from tuner.config import Settings
+from tuner.core.config import Settings
 from tuner.db.store import Store
 from tuner.queue.keys import Keys
 

@@ -1,6 +1,7 @@
 """Every error the API answers is RFC 9457 `application/problem+json` with a stable `code`.
 
-This is the one place exceptions become problems: tunefarm's own errors (`tuner.errors`), request
+This is the one place exceptions become problems: tunefarm's own errors (`tuner.core.errors`),
+request
 validation (including a body that is not JSON at all), Starlette's HTTP exceptions, Redis outages,
 and anything unexpected (a 500 `internal_error` whose details stay in the server log).
 """
@@ -19,7 +20,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from tuner.errors import Conflict, DatabaseError, NotFound, SpecError, TunefarmError
+from tuner.core.errors import Conflict, DatabaseError, NotFound, SpecError, TunefarmError
 
 log = logging.getLogger(__name__)
 

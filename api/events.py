@@ -21,7 +21,7 @@ from typing import Any
 import redis
 from starlette.concurrency import run_in_threadpool
 
-from tuner.db.models import JobState
+from tuner.db.tables import JobState
 
 from .context import ApiContext
 from .errors import ApiProblem

@@ -18,9 +18,9 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from tuner.core.telemetry import LabelCap
 from tuner.db import stats
 from tuner.db.store import Store
-from tuner.telemetry import LabelCap
 
 from .asgi import HttpMiddleware
 

@@ -18,7 +18,7 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from tuner.config import Settings
+from tuner.core.config import Settings
 
 from .errors import ApiProblem
 from .ratelimit import RateLimiter

@@ -22,13 +22,13 @@ from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from schedules import registry
-from tuner import tvm_api as tv
+from tuner.core import tvm_api as tv
+from tuner.core.errors import Forbidden, NotFound, SpecError
+from tuner.core.targets import check_target
 from tuner.db.catalog import register_workload
 from tuner.db.engine import target_key
 from tuner.db.rows import TargetRef
 from tuner.db.store import Store
-from tuner.errors import Forbidden, NotFound, SpecError
-from tuner.targets import check_target
 from tuner.workloads import Workload, parse_spec
 
 from .parsegate import ParseGate
@@ -72,7 +72,7 @@ class LRU(Generic[K, V]):
 @dataclass(frozen=True)
 class ResolvedTarget:
     target: Any  # tvm.target.Target
-    as_dict: dict[str, Any]  # canonical (tuner.tvm_api.target_to_dict)
+    as_dict: dict[str, Any]  # canonical (tuner.core.tvm_api.target_to_dict)
     json: str  # canonical JSON (what the targets table stores)
 
 
@@ -135,7 +135,7 @@ class Resolver:
 
     def target(self, spec: str | dict[str, Any]) -> ResolvedTarget:
         """A target from a request: "host" (this API's CPU), or a dict (or its JSON text) that
-        passes the allowlist (`tuner.targets.check_target`) and then TVM."""
+        passes the allowlist (`tuner.core.targets.check_target`) and then TVM."""
         def make() -> ResolvedTarget:
             value: Any = spec
             if isinstance(value, str) and value.strip().startswith("{"):

@@ -37,9 +37,9 @@ from typing import Any
 from tuner.db import trials
 from tuner.db.rows import NewRecord
 from tuner.db.workers import WorkerRow
+from tuner.interop.records import record_from
 from tuner.measure import Invalidity, MeasureInput, MeasureResult
 from tuner.queue import events
-from tuner.records import record_from
 
 from . import best
 from .context import ApiContext

@@ -21,9 +21,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "at the same trial budget, then time both best kernels, PyTorch and numpy in one "
         "process, interleaved, checking every output. Writes results.json and results.md."))
     p.add_argument("--suite", default="public",
-                   help="public, tiny, fused, models (whole models: bench/models.py), zoo (real "
-                        "architectures: bench/zoo.py), or a JSON file with a list of {id, title, "
-                        "spec, peak}")
+                   help="public, tiny, fused, models (whole models: bench/model_suite.py), "
+                        "zoo (real architectures: bench/zoo.py), or a JSON file with a list of "
+                        "{id, title, spec, peak}")
     p.add_argument("--scale", default="full", choices=["full", "small"],
                    help="--suite models and zoo: the models' size (small: minutes instead of "
                         "hours)")
@@ -115,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
 
         return run_placements(args)
     if args.suite in ("models", "zoo"):
-        from .models import run_models
+        from .model_suite import run_models
 
         return run_models(args)
     from .run import run

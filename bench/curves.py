@@ -80,7 +80,7 @@ def stamps() -> Any:
     model, artifacts)."""
     from tvm.ir.utils import derived_object
 
-    from tuner.tvm_api import ms
+    from tuner.core.tvm_api import ms
 
     @derived_object
     class Stamps(ms.measure_callback.PyMeasureCallback):
@@ -109,6 +109,6 @@ def stamps() -> Any:
 
 def callbacks(cb: Any) -> list[Any]:
     """MetaSchedule's default measure callbacks and `cb`."""
-    from tuner.tvm_api import ms
+    from tuner.core.tvm_api import ms
 
     return [*ms.measure_callback.MeasureCallback.create("default"), cb]

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from tuner.tvm_api import make_target, ms, tvm
+from tuner.core.tvm_api import make_target, ms, tvm
 
 
 def fuse() -> Any:

@@ -26,7 +26,7 @@ from typing import Any
 
 def export(out: Path, shape: list[int], samples: int, arch: str) -> None:
     from schedules.registry import TEMPLATES, space_names
-    from tuner import tvm_api as tv
+    from tuner.core import tvm_api as tv
     from tuner.workloads import parse_spec
 
     space_names()  # registers the templates

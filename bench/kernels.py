@@ -49,7 +49,7 @@ class TvmKernel:
     def evaluator(self, number: int, min_ms: float, args: list[Any] | None = None) -> Any:
         """Seconds per call, averaged over one run of >= min_ms (TVM grows `number` if needed),
         on `args` (default: the kernel's own)."""
-        from tuner import tvm_api as tv
+        from tuner.core import tvm_api as tv
 
         ev = self.rt.time_evaluator("main", tv.tvm.cpu(0), number=number, repeat=1,
                                     min_repeat_ms=int(np.ceil(min_ms)))
@@ -61,9 +61,9 @@ def prepare(sched_mod: Any, wl: Any, inputs: list[np.ndarray], target: Any) -> T
     """Compile a scheduled module (a replayed best trace) into a timed kernel on `inputs`."""
     import time
 
-    from tuner import tvm_api as tv
-    from tuner.prepack import split
-    from workers.packing import compile_function
+    from tuner.core import tvm_api as tv
+    from tuner.core.prepack import split
+    from tuner.measure.packing import compile_function
 
     dev = tv.tvm.cpu(0)
     specs = wl.arg_specs()
@@ -126,9 +126,9 @@ def sched_mod_from_trace(wl: Any, trace_json: str) -> Any:
 
 
 def cross_check_stripped(sched_mod: Any, kernel: TvmKernel) -> bool:
-    """True when the kernel's params match what the tuners timed (`tuner.prepack.kernel`)."""
-    from tuner import tvm_api as tv
-    from tuner.prepack import kernel as kernel_of
+    """True when the kernel's params match what the tuners timed (`tuner.core.prepack.kernel`)."""
+    from tuner.core import tvm_api as tv
+    from tuner.core.prepack import kernel as kernel_of
 
     want = tv.param_specs(sched_mod if kernel.packing_timed else kernel_of(sched_mod))
     got = [(tuple(int(d) for d in a.shape), str(a.dtype)) for a in kernel.args]

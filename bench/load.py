@@ -172,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
 def _cleanup_redis(prefix: str) -> None:
     import redis
 
-    from tuner.config import get_settings
+    from tuner.core.config import get_settings
 
     client = redis.Redis.from_url(get_settings().redis_url)
     keys = list(client.scan_iter(match=f"{prefix}*", count=1000))

@@ -13,6 +13,6 @@ from typing import Any
 
 
 def fast_build(mod: Any, target: Any, _params: Any) -> Any:
-    from tuner import tvm_api as tv
+    from tuner.core import tvm_api as tv
 
     return tv.compile_module(tv.strip_layout_rewrite(mod), target)

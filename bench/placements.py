@@ -47,7 +47,7 @@ def offsets(rng: random.Random, n: int) -> list[int]:
 
 def _kernels(entry: dict[str, Any], wl: Any, inputs: list[np.ndarray], target: dict[str, Any],
              wdir: Path, trials: int) -> dict[str, Any]:
-    from tuner import tvm_api as tv
+    from tuner.core import tvm_api as tv
 
     from .kernels import prepare, sched_mod_from_trace
     from .tune import load_summary
@@ -65,7 +65,7 @@ def _kernels(entry: dict[str, Any], wl: Any, inputs: list[np.ndarray], target: d
 
 def time_entry(entry: dict[str, Any], target: dict[str, Any], args: argparse.Namespace,
                rng: random.Random) -> dict[str, Any]:
-    from tuner import tvm_api as tv
+    from tuner.core import tvm_api as tv
     from tuner.workloads import parse_spec
 
     from .timing import check

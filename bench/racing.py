@@ -1,6 +1,6 @@
 """Racing limits replayed on recorded samples: `python -m bench.racing DIR [--limits P,C ...]`.
 
-A candidate races the job's best (`workers.evaluate.race`): past `TUNEFARM_PRUNE_FACTOR` times
+A candidate races the job's best (`tuner.measure.evaluate.race`): past `TUNEFARM_PRUNE_FACTOR` times
 the best after its first repeat, or `TUNEFARM_CONFIRM_FACTOR` after its second, it is timed no
 more. Whether a pair of limits saves time without losing a job's best kernel is a question about
 samples, not about the machine of the day: tune with both limits off, so that every candidate
@@ -37,7 +37,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import TypedDict
 
-from workers.evaluate import prune_limits, race
+from tuner.measure.evaluate import prune_limits, race
 
 
 def load_jobs(out: Path) -> dict[str, list[tuple[float, ...]]]:

@@ -26,10 +26,10 @@ def main() -> None:
     from tvm import relax
 
     from bench.fused import model
+    from tuner.core.tvm_api import make_target, ms, tvm
     from tuner.db import Store
-    from tuner.db.ms_database import TunefarmDatabase
-    from tuner.records import best_record
-    from tuner.tvm_api import make_target, ms, tvm
+    from tuner.interop.ms_database import TunefarmDatabase
+    from tuner.interop.records import best_record
     from tuner.workloads import parse_spec
 
     n, target = args.n, make_target("host")

@@ -55,7 +55,7 @@ def _git(repo: Path) -> str | None:
 def machine_info(target: dict[str, Any], threads: int, torch: Any) -> dict[str, Any]:
     import numpy as np
 
-    from tuner import tvm_api as tv
+    from tuner.core import tvm_api as tv
 
     try:
         blas = np.__config__.CONFIG["Build Dependencies"]["blas"]["name"]  # type: ignore[attr-defined]

@@ -43,7 +43,7 @@ def _block_torch_in_children(out: Path) -> None:
 
 
 def _target(args: argparse.Namespace) -> dict[str, Any]:
-    from tuner import tvm_api as tv
+    from tuner.core import tvm_api as tv
 
     spec = tv.host_target_dict(args.threads) if args.target == "host" else args.target
     return tv.target_to_dict(tv.make_target(spec))
@@ -94,7 +94,7 @@ def _tune(entry: dict[str, Any], wl: Any, target: dict[str, Any], wdir: Path,
 def _kernel_variant(name: str, summ: dict[str, Any] | None, wl: Any, inputs: list[Any],
                     target: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
     """(Variant or None, status/extra fields) for a tuner's best schedule."""
-    from tuner import tvm_api as tv
+    from tuner.core import tvm_api as tv
 
     from .kernels import cross_check_stripped, prepare, sched_mod_from_trace
     from .timing import Variant
@@ -116,7 +116,7 @@ def _kernel_variant(name: str, summ: dict[str, Any] | None, wl: Any, inputs: lis
                  "same_params_as_tuned_kernel": cross_check_stripped(smod, kernel)}
         if not extra["same_params_as_tuned_kernel"]:
             log(f"    !!! {name}: the timed kernel's parameters differ from the kernel the tuner "
-                "measured (tuner.prepack.kernel); timing it anyway")
+                "measured (tuner.core.prepack.kernel); timing it anyway")
     except Exception as exc:
         traceback.print_exc()
         return None, {"status": "error", "reason": f"{type(exc).__name__}: {exc}"[:2000]}

@@ -59,7 +59,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def recording(db_url: str, wl: Any, target: dict[str, Any], device_key: str) -> Any:
     """The ReplayMeasurer of every record of `wl` on `target` in `db_url` (without a fallback)."""
-    from tuner import tvm_api as tv
+    from tuner.core import tvm_api as tv
     from tuner.db import Store
     from tuner.db.engine import target_key
     from tuner.measure.replay import ReplayMeasurer
@@ -74,9 +74,9 @@ def recording(db_url: str, wl: Any, target: dict[str, Any], device_key: str) -> 
 
 def run_seed(replay: Any, wl: Any, target: dict[str, Any], args: argparse.Namespace, seed: int,
              real: Any | None, best_recorded: float | None) -> SeedRun:
-    from tuner.config import get_settings
+    from tuner.core.config import get_settings
+    from tuner.core.errors import TunefarmError
     from tuner.db import Store
-    from tuner.errors import TunefarmError
     from tuner.measure import MeasureOptions
     from tuner.search import Progress, Tuner, TuneRequest
 
@@ -111,8 +111,8 @@ def run_seed(replay: Any, wl: Any, target: dict[str, Any], args: argparse.Namesp
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    from tuner import tvm_api as tv
-    from tuner.config import get_settings
+    from tuner.core import tvm_api as tv
+    from tuner.core.config import get_settings
     from tuner.workloads import parse_spec
 
     wl = parse_spec(json.loads(args.workload))
@@ -129,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{best_recorded * 1e3:.4g} ms" if best_recorded else "recording: no valid candidate")
     real = None
     if args.fallback == "measure":
-        from workers.local import LocalMeasurer
+        from tuner.measure.local import LocalMeasurer
 
         real = LocalMeasurer()
     try:

@@ -65,7 +65,7 @@ def retime(wl: Any, traces: dict[str, str], target: dict[str, Any], *, rounds: i
     """Compile each program (its trace replayed on `wl`) and time them all in one process,
     interleaved; {hash: {"median_s": seconds or None, "status": ...}}. A program that fails to
     compile or gives a wrong output is reported with its reason and a median of None."""
-    from tuner import tvm_api as tv
+    from tuner.core import tvm_api as tv
 
     from .kernels import prepare, sched_mod_from_trace
     from .timing import Variant, time_interleaved

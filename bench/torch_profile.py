@@ -1,7 +1,7 @@
 """Where PyTorch's compiled model spends its time, kernel by kernel (RESULTS.md Run BF):
 `python -m bench.torch_profile [--only resnet] [--scale full] [--calls 20]`.
 
-The model of the models suite (bench/models.py, same seed, batch norm calibrated), compiled as
+The model of the models suite (bench/model_suite.py, same seed, batch norm calibrated), compiled as
 the suite's best variant is (`torch.compile`, inductor's freezing, channels-last for a
 convolution model; default mode, which picks the same oneDNN convolutions as max-autotune and
 compiles in a fraction of its time), warmed up, then `torch.profiler` over `--calls` calls:
@@ -19,7 +19,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    from .models import SCALES, _calibrate_batch_norm, _models
+    from .model_suite import SCALES, _calibrate_batch_norm, _models
 
     p = argparse.ArgumentParser(prog="python -m bench.torch_profile")
     p.add_argument("--only", default="resnet", help="a model of the models suite")

@@ -45,7 +45,7 @@ def log(msg: str) -> None:
 
 
 def _transfer(on: bool) -> None:
-    from tuner.config import get_settings
+    from tuner.core.config import get_settings
 
     os.environ["TUNEFARM_COST_MODEL_TRANSFER"] = "1" if on else "0"
     get_settings.cache_clear()
@@ -55,11 +55,11 @@ def _tune(db: Path, wl: Any, target: dict[str, Any], trials: int, seed: int) -> 
     """Tune `wl` in `db`; the job id."""
     from dataclasses import replace
 
-    from tuner.config import get_settings
+    from tuner.core.config import get_settings
     from tuner.db import Store
     from tuner.measure import MeasureOptions
+    from tuner.measure.local import LocalMeasurer
     from tuner.search import Tuner, TuneRequest
-    from workers.local import LocalMeasurer
 
     s = get_settings()
     opts = replace(MeasureOptions.from_settings(s, target), num_threads=target["num-cores"])
@@ -176,7 +176,7 @@ def _ranking(cold: Path, jobs: dict[str, tuple[int, str]], objective: str) -> di
 
 
 def run_transfer(args: argparse.Namespace) -> int:
-    from tuner import tvm_api as tv
+    from tuner.core import tvm_api as tv
     from tuner.db import Store
     from tuner.search import farm_model
     from tuner.workloads import parse_spec

@@ -3,7 +3,7 @@ a fresh SQLite database per workload) and with plain `ms.tune_tir` (a JSON datab
 workload). Both measure candidates with the same protocol (TVM `time_evaluator`: `repeats` runs
 of about `min_repeat_ms` each, the same threads), so wall times are comparable: MetaSchedule's
 runner lets the evaluator size every repeat (number=1, growing), tunefarm's sandbox sizes the
-calls per repeat once from a probe (workers.evaluate.calls_per_repeat).
+calls per repeat once from a probe (tuner.measure.evaluate.calls_per_repeat).
 
 Each returns a JSON-able summary whose `best_trace` (trace JSON, postprocessing included) is what
 the timing step replays; the summary is also written to the workload's directory so that
@@ -29,7 +29,7 @@ MS_TRIALS_PER_ITER = 32
 
 
 def _settings() -> Any:
-    from tuner.config import get_settings
+    from tuner.core.config import get_settings
 
     return get_settings()
 
@@ -40,7 +40,7 @@ def ms_builder_runner(threads: int) -> tuple[Any, Any]:
     process per thread, tunefarm's build timeout, and tunefarm's timing protocol. With the
     stock LocalBuilder's 30 s timeout, a task of one candidate (a reshape, the GELU) timed out
     in its fresh pool's start-up on a 2-core Zen 4 and MetaSchedule kept no kernel for it."""
-    from tuner import tvm_api as tv
+    from tuner.core import tvm_api as tv
 
     from .msbuild import fast_build
 
@@ -58,7 +58,7 @@ def ms_builder_runner(threads: int) -> tuple[Any, Any]:
 def resolve_space(wl: Any, target: dict[str, Any], space: str) -> str:
     """The concrete space tunefarm uses for `space` ("default": the first template that applies)."""
     from schedules.registry import resolve
-    from tuner import tvm_api as tv
+    from tuner.core import tvm_api as tv
 
     return resolve(space, wl, tv.make_target(target))
 
@@ -66,12 +66,12 @@ def resolve_space(wl: Any, target: dict[str, Any], space: str) -> str:
 def tune_tunefarm(wl: Any, target: dict[str, Any], trials: int, work_dir: Path, *,
                   threads: int, space: str = "default", seed: int = 0,
                   log: Callable[[str], None] = print) -> dict[str, Any]:
+    from tuner.core.errors import NotFound
     from tuner.db import Store
-    from tuner.errors import NotFound
+    from tuner.interop.records import best_record
     from tuner.measure import MeasureOptions
-    from tuner.records import best_record
+    from tuner.measure.local import LocalMeasurer
     from tuner.search import Progress, Tuner, TuneRequest
-    from workers.local import LocalMeasurer
 
     s = _settings()
     work_dir.mkdir(parents=True, exist_ok=True)
@@ -113,7 +113,7 @@ def tune_tunefarm(wl: Any, target: dict[str, Any], trials: int, work_dir: Path, 
 def tune_metaschedule(wl: Any, target: dict[str, Any], trials: int, work_dir: Path, *,
                       threads: int, seed: int = 0,
                       log: Callable[[str], None] = print) -> dict[str, Any]:
-    from tuner import tvm_api as tv
+    from tuner.core import tvm_api as tv
 
     ms = tv.ms
     ms_dir = work_dir / "metaschedule"

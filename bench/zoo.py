@@ -1,6 +1,7 @@
 """The model zoo: real architectures from a model library, with random weights (no downloads), and
 the plain PyTorch modules users write. `python -m bench --suite zoo [--scale small]` tunes and
-times them like the `models` suite (bench/models.py); `tests/model/test_zoo.py` builds the small
+times them like the `models` suite (bench/model_suite.py); `tests/model/test_zoo.py` builds the
+small
 ones and checks their outputs against PyTorch eager.
 
 Each entry makes an `nn.Module` and its example inputs at a scale: `small` (one layer, hidden

@@ -131,7 +131,7 @@ def _steps_problem(t: ActivationX86, workload: Workload, target: Any,
                    m: ActivationMatch) -> str | None:
     """Schedule the function once: None when every step computes exactly its own vectors of the
     activation, else why the template does not serve it."""
-    from tuner.tvm_api import tvm
+    from tuner.core.tvm_api import tvm
 
     sch = tvm.s_tir.Schedule(workload.mod(), seed=1)
     try:

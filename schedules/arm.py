@@ -67,7 +67,7 @@ def is_aarch64(target: Any) -> bool:
 
 
 def has_feature(target: Any, feature: str) -> bool:
-    from tuner.tvm_api import tvm_ffi
+    from tuner.core.tvm_api import tvm_ffi
 
     return bool(tvm_ffi.get_global_func("target.llvm_cpu_has_feature")(feature, target))
 

@@ -7,7 +7,7 @@ mutates the tile decisions, and the same postprocessors as the generated space f
 
 Each knob is declared once, in the template's `KNOBS` table (schedules/knobs.py): `schedule`
 samples from it and `knobs()` renders it. A template module imports this module (and the knob
-records, the intrinsics, `tuner.tvm_api`), never the registry: the one list of templates is
+records, the intrinsics, `tuner.core.tvm_api`), never the registry: the one list of templates is
 `schedules/families.py`.
 """
 
@@ -28,8 +28,8 @@ from schedules.knobs import (
     knob_table,
     uniform,
 )
-from tuner.prepack import PADDED_PREPROC, PREPROC
-from tuner.tvm_api import ms
+from tuner.core.prepack import PADDED_PREPROC, PREPROC
+from tuner.core.tvm_api import ms
 from tuner.workloads import Workload
 
 
@@ -54,7 +54,7 @@ def is_x86(target: Any) -> bool:
 
 def vector_lanes(target: Any, dtype_bits: int = 32) -> int:
     """SIMD lanes of `dtype_bits` elements: 16 fp32 with AVX-512, 8 with AVX2, 4 otherwise."""
-    from tuner.tvm_api import tvm_ffi
+    from tuner.core.tvm_api import tvm_ffi
 
     has = tvm_ffi.get_global_func("target.llvm_cpu_has_feature")
     if has("avx512f", target):
@@ -73,7 +73,8 @@ def pack_weight(sch: Any, blk: Any, index: int, index_map: Any,
     kernel takes the weight packed. `padded`: the block padding that weight with zeros
     (`padding_of`), folded into the packing, which is then no plain copy: TVM's
     RemoveWeightLayoutRewriteBlock (inside MetaSchedule's search) takes only those, relax's
-    split takes it, so it is marked for tunefarm's split (`tuner.prepack`), and runs in parallel
+    split takes it, so it is marked for tunefarm's split (`tuner.core.prepack`), and runs in
+    parallel
     over its outer loop where it stays in the kernel (a pipeline without that split)."""
     packed = sch.cache_read(blk, index, "global")
     sch.transform_layout(blk, ("read", index), index_map)

@@ -1,7 +1,7 @@
 """Tensor-core GEMM for NVIDIA GPUs (sm_70+), cross-compiled: fp16 `dense` with WMMA 16×16×16.
 
 `dense-wmma-cuda`: Y[M, N] = X[M, K] · W[N, K]ᵀ in float16, tensorized with TVM's registered
-`wmma_*` intrinsics (`tvm.s_tir.tensor_intrin.cuda`, loaded through `tuner.tvm_api`):
+`wmma_*` intrinsics (`tvm.s_tir.tensor_intrin.cuda`, loaded through `tuner.core.tvm_api`):
 
 - grid: blockIdx.y × blockIdx.x over block tiles of (wm·fm·16) × (wn·fn·16) outputs; a block has
   wm × wn warps (threadIdx.y, the fused warp grid; threadIdx.x = the 32 lanes of a warp, which
@@ -43,7 +43,7 @@ from typing import Any
 
 from schedules.base import Template
 from schedules.knobs import Categorical, PerfectTile, knob_table
-from tuner.tvm_api import load_tensor_intrins, ms
+from tuner.core.tvm_api import load_tensor_intrins, ms
 from tuner.workloads import Workload
 
 FRAG = 16  # wmma m16n16k16

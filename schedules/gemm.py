@@ -21,7 +21,7 @@ The classic register-blocked micro-kernel:
 - any shape: N off the 16-lane grid is padded with zero weight columns in the packing (to whole
   vectors, one more where their count leaves only 1-vector micro-kernels: `_padding`), and the
   write-back is predicated. Such a packing is no plain copy, which MetaSchedule's search cannot
-  split off, so it is marked for tunefarm's split instead (`tuner.prepack`): measured and built
+  split off, so it is marked for tunefarm's split instead (`tuner.core.prepack`): measured and built
   by tunefarm it too runs once, at compile time (300×1000×300 on a 2-core Xeon: 276 → 315
   GFLOPS); in a pipeline without that split it runs in the kernel. An M with no 4/6/8-row
   divisor (a prime, say) is padded to 8 rows by a copy of x;

@@ -63,7 +63,7 @@ from schedules.base import (
 from schedules.intrinsics import PMADDWD_8x2_AVX2, VNNI_16x4_LLVM22, use
 from schedules.knobs import Categorical, DesignSpace, Fixed, PerfectTile, knob_table
 from schedules.match import INT8, GemmMatch, match_gemm
-from tuner.tvm_api import derived_object, ms
+from tuner.core.tvm_api import derived_object, ms
 from tuner.workloads import Workload
 
 MAX_ROWS = 8  # rows of the micro-kernel
@@ -78,7 +78,7 @@ ORDERS = ("ij", "ji")  # order of the cache-block loops; one design space each
 
 
 def has_vnni(target: Any) -> bool:
-    from tuner.tvm_api import tvm_ffi
+    from tuner.core.tvm_api import tvm_ffi
 
     return bool(tvm_ffi.get_global_func("target.llvm_cpu_has_feature")("avx512vnni", target))
 
@@ -87,7 +87,8 @@ def pack_weight(sch: Any, block: Any, read: int = 1, axes: str = "jk", *, lanes:
                 group: int = 4) -> Any:
     """cache_read the weight of `block` (its read `read`, indexed [N, K] for axes "jk", [K, N]
     for "kj") into the fixed packed layout [N/lanes, K/group, lanes, group] and mark the copy as
-    the compile-time weight packing (dropped from the timed kernel by `tuner.prepack.kernel`)."""
+    the compile-time weight packing (dropped from the timed kernel by
+    `tuner.core.prepack.kernel`)."""
     wp = sch.cache_read(block, read, "global")
     if axes == "jk":
         sch.transform_layout(wp, ("write", 0),

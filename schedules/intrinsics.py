@@ -21,7 +21,7 @@ from schedules.polynomial import let as _let
 from schedules.polynomial import pin_source
 from schedules.polynomial import vexp as _vexp
 from schedules.row_intrinsics import ROW_PATTERNS
-from tuner.tvm_api import load_tensor_intrins, tvm
+from tuner.core.tvm_api import load_tensor_intrins, tvm
 
 T = tvm.script.tirx  # `from tvm.script import tirx as T`, without importing tvm here
 TensorIntrin = tvm.s_tir.TensorIntrin

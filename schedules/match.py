@@ -28,7 +28,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from tuner.tvm_api import tvm, tvm_ffi
+from tuner.core.tvm_api import tvm, tvm_ffi
 from tuner.workloads import Workload
 
 DATA_PAR, COMM_REDUCE = 0, 2  # tvm.tirx.IterVar kinds

@@ -32,7 +32,7 @@ from schedules.match import (
     epilogue_problem,
     is_var,
 )
-from tuner.tvm_api import tvm, tvm_ffi
+from tuner.core.tvm_api import tvm, tvm_ffi
 from tuner.workloads import Workload
 
 

@@ -28,7 +28,7 @@ from schedules.match import (
     is_var,
     loads,
 )
-from tuner.tvm_api import tvm
+from tuner.core.tvm_api import tvm
 from tuner.workloads import Workload
 
 SUM, ROW, ELEMENTWISE, COLUMN = "sum", "row", "elementwise", "column"

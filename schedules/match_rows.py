@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from schedules.match import COMM_REDUCE, DATA_PAR, NoMatch, cached_match, child_blocks, is_var
-from tuner.tvm_api import tvm
+from tuner.core.tvm_api import tvm
 from tuner.workloads import Workload
 
 ACTIVATION_FNS = ("erf", "tanh", "sigmoid")  # those with a polynomial intrinsic

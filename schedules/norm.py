@@ -66,7 +66,7 @@ from schedules.softmax import (
     softmax_lanes,
     tree_rfactor,
 )
-from tuner.tvm_api import ms
+from tuner.core.tvm_api import ms
 from tuner.workloads import Workload
 
 MAX_ROWS_PER_TASK = 16

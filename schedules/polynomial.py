@@ -12,7 +12,7 @@ import linecache
 from collections.abc import Callable
 from typing import Any
 
-from tuner.tvm_api import tvm
+from tuner.core.tvm_api import tvm
 
 T = tvm.script.tirx
 

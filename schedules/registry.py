@@ -15,7 +15,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from schedules.base import Template
-from tuner.errors import SpecError
+from tuner.core.errors import SpecError
 from tuner.workloads import Workload
 
 AUTO = {"name": "auto", "kind": "generated", "ops": ["*"],
@@ -61,7 +61,7 @@ def replay(mod: Any, trace_json: str) -> Any:
     the tensor intrinsics the trace names first (schedules/intrinsics.py). Every replay of a
     record goes through here."""
     from schedules.intrinsics import register_for_trace
-    from tuner.tvm_api import apply_trace
+    from tuner.core.tvm_api import apply_trace
 
     register_for_trace(trace_json)
     return apply_trace(mod, trace_json)
@@ -104,7 +104,7 @@ def generates(name: str, workload: Workload, target: Any) -> bool:
     """Whether template `name` generates a design space for `workload` on `target` (cached)."""
     key = (name, workload.key, str(target))
     if key not in _GENERATES:
-        from tuner import tvm_api as tv
+        from tuner.core import tvm_api as tv
 
         try:
             ctx = tv.tune_context(workload.mod(), target,
@@ -128,7 +128,7 @@ def space_generator(name: str, workload: Workload, target: Any) -> Any:
 
 def search_strategy(name: str) -> Any:
     """The evolutionary search for space `name` (already resolved), sized for that space."""
-    from tuner.tvm_api import ms
+    from tuner.core.tvm_api import ms
 
     if name == "auto":  # MetaSchedule's defaults for its generated space
         pop, iters = 512, 4

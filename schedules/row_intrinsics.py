@@ -31,7 +31,7 @@ from collections.abc import Callable
 from typing import Any
 
 from schedules.polynomial import let, pin_source, vexp
-from tuner.tvm_api import tvm
+from tuner.core.tvm_api import tvm
 
 T = tvm.script.tirx
 pin_source(__file__)

@@ -38,7 +38,7 @@ from schedules.intrinsics import DIV_BCAST_F32, EXP_SUB_F32, use
 from schedules.knobs import Categorical, DesignSpace, Fixed, PerfectTile, knob_table
 from schedules.match_rows import SoftmaxMatch, match_softmax
 from schedules.row_intrinsics import MAX_ROW, ROW_DIV, ROW_EXP_SUB, ROW_MAX, ROW_SUM, row_fits
-from tuner.tvm_api import ms
+from tuner.core.tvm_api import ms
 from tuner.workloads import Workload
 
 MAX_ROWS_PER_STEP = 4

@@ -75,7 +75,7 @@ def pg_url() -> Iterator[str]:
 
 def _reset_pg(url: str) -> None:
     """Drop every tunefarm table and the Alembic version table: the next Store starts at zero."""
-    from tuner.db.models import Base
+    from tuner.db.tables import Base
 
     engine = _pg_engine(url)
     try:

@@ -171,8 +171,8 @@ def registered_samples() -> dict[str, str]:
 def test_the_dashboard_charts_only_registered_metrics() -> None:
     registered = registered_samples()
     # the metrics each process registers, by file (the grep finds them all)
-    assert registered["tunefarm_worker_measurements_total"] == "workers/metrics.py"
-    assert registered["tunefarm_queue_depth"] == "tuner/service/metrics.py"
+    assert registered["tunefarm_worker_measurements_total"] == "workers/agent_metrics.py"
+    assert registered["tunefarm_queue_depth"] == "workers/service_metrics.py"
     assert registered["tunefarm_http_requests_total"] == "api/metrics.py"
     exprs = [t["expr"] for p in DASHBOARD["panels"] for t in p.get("targets", [])]
     used = {m for e in exprs for m in re.findall(r"\btunefarm_\w+", e)}

@@ -1,6 +1,6 @@
 """tunefarm's tuning engine: workloads, search, cost model, measurement protocol, tuning database.
 
-`tuner.tvm_api` is the only module that imports TVM; everything else goes through it.
+`tuner.core.tvm_api` is the only module that imports TVM; everything else goes through it.
 """
 
 from __future__ import annotations

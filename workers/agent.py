@@ -33,11 +33,12 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Self
 
 from api.client import ApiError, Client
-from tuner import logs, signals
-from tuner.errors import TunefarmError
-from tuner.isolation import undumpable
+from tuner.core import logs, signals
+from tuner.core.errors import TunefarmError
+from tuner.core.isolation import undumpable
+from tuner.core.liveness import Renewer
 from tuner.measure import Invalidity, MeasureInput, Measurer, MeasureResult
-from workers.metrics import Metered, MeteredClient
+from workers.agent_metrics import Metered, MeteredClient
 
 log = logging.getLogger(__name__)
 
@@ -77,23 +78,21 @@ class Entry:
 
 class _Leases:
     """Keeps the entries this worker holds from being reclaimed (POST .../renew every lease/3,
-    on a client of its own)."""
+    on a client of its own, from a `Renewer`)."""
 
     def __init__(self, client: Client, worker_id: str, lease_s: float) -> None:
         self.client, self.worker_id = client, worker_id
-        self.every_s = max(0.05, lease_s / 3)
         self._held: set[str] = set()
         self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True, name="leases")
+        self._renewer = Renewer("leases", max(0.05, lease_s / 3), self._renew,
+                                what="the leases of held entries", retry_on=(ApiError,))
 
     def __enter__(self) -> Self:
-        self._thread.start()
+        self._renewer.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(timeout=10)
+        self._renewer.stop()
 
     def hold(self, *entry_ids: str) -> None:
         with self._lock:
@@ -103,23 +102,16 @@ class _Leases:
         with self._lock:
             self._held.difference_update(entry_ids)
 
-    def _run(self) -> None:
-        while not self._stop.wait(self.every_s):
-            with self._lock:
-                ids = sorted(self._held)
-            if not ids:
-                continue
-            kept: set[str] = set()
-            try:
-                for i in range(0, len(ids), MAX_ENTRIES):
-                    kept.update(self.client.renew(self.worker_id, ids[i:i + MAX_ENTRIES]))
-            except ApiError as err:
-                log.warning("cannot renew the lease of %d entries: %s", len(ids), err)
-                continue
-            gone = set(ids) - kept
-            if gone:  # withdrawn by the tuner, reclaimed after a lapse, or Redis lost them
-                log.info("entries %s are no longer held (withdrawn or flushed)", sorted(gone))
-                self.drop(*gone)
+    def _renew(self) -> None:
+        with self._lock:
+            ids = sorted(self._held)
+        kept: set[str] = set()
+        for i in range(0, len(ids), MAX_ENTRIES):
+            kept.update(self.client.renew(self.worker_id, ids[i:i + MAX_ENTRIES]))
+        gone = set(ids) - kept
+        if gone:  # withdrawn by the tuner, reclaimed after a lapse, or Redis lost them
+            log.info("entries %s are no longer held (withdrawn or flushed)", sorted(gone))
+            self.drop(*gone)
 
 
 @dataclass
@@ -313,7 +305,7 @@ class Agent:
 def register(client: Client, *, name: str, device_key: str, target: dict[str, Any],
              stop_event: threading.Event, mode: str = "local") -> WorkerConfig | None:
     """Register over the API, retrying while it is unreachable; None if stopped first."""
-    from tuner import tvm_api as tv
+    from tuner.core import tvm_api as tv
 
     delay = 0.5
     while not stop_event.is_set():
@@ -335,13 +327,13 @@ def register(client: Client, *, name: str, device_key: str, target: dict[str, An
     return None
 
 
-def _heartbeats(client: Client, cfg: WorkerConfig, stats: Stats, done: threading.Event) -> None:
-    while not done.wait(cfg.heartbeat_s):
-        try:
-            client.heartbeat(cfg.worker_id, state=stats.state, measured=stats.measured,
-                             failures=stats.failures, infra_failures=stats.infra_failures)
-        except ApiError as err:
-            log.warning("heartbeat failed: %s", err)
+def _heartbeats(client: Client, cfg: WorkerConfig, stats: Stats) -> Renewer:
+    """The worker's heartbeat every `heartbeat_s` (its state and counts), not yet started."""
+    def beat() -> None:
+        client.heartbeat(cfg.worker_id, state=stats.state, measured=stats.measured,
+                         failures=stats.failures, infra_failures=stats.infra_failures)
+
+    return Renewer("heartbeat", cfg.heartbeat_s, beat, what="the heartbeat", retry_on=(ApiError,))
 
 
 def run_worker(*, api_url: str, token: str | None, device_key: str,
@@ -363,7 +355,7 @@ def run_worker(*, api_url: str, token: str | None, device_key: str,
     beat_client = Client(api_url, token, retries=0)
     lease_client = Client(api_url, token, retries=0)
     measurer: Measurer | None = None
-    done = threading.Event()
+    beat: Renewer | None = None
     try:
         name = name or f"{socket.gethostname()}:{os.getpid()}"
         cfg = register(client, name=name,
@@ -375,33 +367,31 @@ def run_worker(*, api_url: str, token: str | None, device_key: str,
         if measurer_factory is not None:
             measurer = measurer_factory(cfg.worker_id)
         elif rpc_tracker is not None:
-            from workers.rpc import RpcMeasurer
+            from tuner.measure.rpc import RpcMeasurer
 
             measurer = RpcMeasurer(*rpc_tracker, rpc_key or device_key, worker_id=cfg.worker_id,
                                    build_workers=max(1, concurrency))
         else:
-            from workers.local import LocalMeasurer
+            from tuner.measure.local import LocalMeasurer
 
             measurer = LocalMeasurer(worker_id=cfg.worker_id)
         measurer = Metered(measurer, device_key)  # counts and times every measurement
-        from tuner.config import get_settings
+        from tuner.core.config import get_settings
 
         s = get_settings()
         agent = Agent(client, lease_client, cfg, device_key, measurer, stop,
                       min(max(1, concurrency), MAX_ENTRIES),
                       quarantine_after=quarantine_after or s.quarantine_after,
                       probe_s=probe_s if probe_s is not None else s.probe_s)
-        beat = threading.Thread(target=_heartbeats, args=(beat_client, cfg, agent.stats, done),
-                                daemon=True, name="heartbeat")
-        beat.start()
+        beat = _heartbeats(beat_client, cfg, agent.stats).start()
         agent.run()
-        done.set()
-        beat.join(timeout=15)
+        beat.stop(timeout=15)
         _final_heartbeat(beat_client, cfg, agent.stats)
         log.info("worker %s stopped: %d measured", cfg.worker_id, agent.stats.measured)
         return 0
     finally:
-        done.set()
+        if beat is not None:
+            beat.stop()
         signals.restore(restore)
         if measurer is not None:
             measurer.close()

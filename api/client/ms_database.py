@@ -17,7 +17,7 @@ import json
 from typing import Any
 
 from schedules.registry import replay
-from tuner.tvm_api import derived_object, ms, target_to_dict
+from tuner.core.tvm_api import derived_object, ms, target_to_dict
 from tuner.workloads.identity import identity_hash
 
 from . import ApiError, Client

@@ -30,7 +30,8 @@ async def get_best(
         '"host" (the API machine\'s CPU) or a target as JSON'))] = "host",
     device_key: Annotated[str, Query(pattern=DEVICE_KEY_PATTERN)] = "local",
 ) -> Response:
-    """The best record (tuner.records.best_record): latency, GFLOPS, the replayable trace and the
+    """The best record (tuner.interop.records.best_record): latency, GFLOPS, the replayable trace
+    and the
     schedule as Python. A TVMScript spec this API has not parsed yet is parsed for user tokens
     only, within their parse budget (429 `parse_budget`, `parse_busy`); workers ask by key."""
     who = None if principal.scope is Scope.WORKER else principal.owner

@@ -1,7 +1,7 @@
 """/v1/jobs: submit, read, list, cancel, a job's records, and its live events (SSE).
 
 A user token sees only its own jobs (another owner's job is a 404, as if it did not exist);
-an admin token sees every job (`api.jobs.get`)."""
+an admin token sees every job (`api.job_service.get`)."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ from starlette.concurrency import run_in_threadpool
 
 from tuner.db import dashboard
 from tuner.db import jobs as jobs_db
-from tuner.db.models import JobState
+from tuner.db.tables import JobState
 
-from .. import jobs
+from .. import job_service as jobs
 from ..deps import CtxDep, UserDep
 from ..events import SSE_HEADERS, event_stream, parse_last_event_id
 from ..schemas import NO_NUL, OP, JobCreate, JobPage, JobPoints, JobPublic, Problem, RecordPage

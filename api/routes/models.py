@@ -11,12 +11,12 @@ from fastapi import APIRouter, Header, Query, Response
 from tuner.db import model_jobs
 from tuner.db.views import ModelPublic
 
-from .. import models
+from .. import model_service as models
 from ..deps import CtxDep, UserDep
-from ..jobs import list_owner
+from ..job_service import list_owner
 from ..schemas import ModelCreate, ModelPage, Problem
 from . import V1
-from .jobs import CURSOR, IDEMPOTENCY_KEY, PAGED
+from .job_service import CURSOR, IDEMPOTENCY_KEY, PAGED
 
 router = APIRouter(prefix=f"{V1}/models", tags=["models"])
 

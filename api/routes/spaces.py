@@ -7,7 +7,7 @@ from typing import Any
 from fastapi import APIRouter
 
 from schedules import registry
-from tuner.errors import NotFound
+from tuner.core.errors import NotFound
 from tuner.workloads import OPS
 
 from ..deps import ReaderDep

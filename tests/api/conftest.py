@@ -27,7 +27,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 @pytest.fixture
 def api_settings(db_url: str, redis_url: str, redis_prefix: str) -> Any:
-    from tuner.config import Settings
+    from tuner.core.config import Settings
 
     return Settings(database_url=db_url, redis_url=redis_url, redis_prefix=redis_prefix,
                     heartbeat_s=1.0)
@@ -113,7 +113,7 @@ def result_for(ctx: Any, tokens: dict[str, str]) -> Callable[..., dict[str, Any]
     """result_for(job, latency_s=..., invalidity=...) -> a worker's result post body, for a
     trial issued to the job's device key. The workers "w" and "w1" exist (registered with the
     `worker` token, on that device key) so tests can post as them."""
-    from tuner.db import models as m
+    from tuner.db import tables as m
     from tuner.db.tokens import verify_token
 
     token = verify_token(ctx.store, tokens["worker"])
@@ -177,7 +177,7 @@ def confirmation_body(ctx: Any, body: dict[str, Any], *, latency_s: float | None
     `latency_s` (default: the original's median) or a failure."""
     from tuner.db import trials
     from tuner.measure import Invalidity, MeasureInput, MeasureResult
-    from tuner.service.measurer import confirmation_of
+    from tuner.measure.remote import confirmation_of
 
     inp = MeasureInput.from_json(json.dumps(body["input"]))
     cinp = confirmation_of(inp)
@@ -213,7 +213,7 @@ _TRACES: dict[str, str] = {}
 
 def trivial_trace(spec: dict[str, Any]) -> str:
     """The trace of an unscheduled schedule of the workload (replays anywhere)."""
-    from tuner import tvm_api as tv
+    from tuner.core import tvm_api as tv
     from tuner.workloads import parse_spec
 
     key = json.dumps(spec, sort_keys=True)

@@ -155,7 +155,7 @@ def _snapshot(ctx: Any) -> list[tuple[str, str, str, int]]:
     """Every job's id, owner, state and trials: what a bad request must leave as it was."""
     from sqlalchemy import select
 
-    from tuner.db import models as m
+    from tuner.db import tables as m
 
     with ctx.store.session() as s:
         return [tuple(r) for r in s.execute(

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from tests.api.conftest import MATMUL, SUBMIT, bearer, confirmation_body, result_body
-from tuner.db import models as m
+from tuner.db import tables as m
 from tuner.db.tokens import create_token
 
 pytestmark = pytest.mark.parametrize("db_url", ["postgresql"], indirect=True)
@@ -183,7 +183,7 @@ FIELDS = {"unknown-trial": "input.trial_id", "expired-trial": "input.trial_id",
 @pytest.fixture
 def env(client: Any, ctx: Any, tokens: dict[str, str], user: dict[str, str],
         worker: dict[str, str], submit: Callable[..., dict[str, Any]]) -> Env:
-    from tuner import tvm_api as tv
+    from tuner.core import tvm_api as tv
 
     jobs = {"A": submit(user), "B": submit(user),
             "C": submit(user, {**SUBMIT, "workload": {**MATMUL, "shape": [64, 64, 64]}}),

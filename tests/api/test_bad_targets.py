@@ -1,4 +1,4 @@
-"""Targets from outside pass an allowlist (`tuner.targets`): a job or a best-schedule query
+"""Targets from outside pass an allowlist (`tuner.core.targets`): a job or a best-schedule query
 naming a kind no worker serves, an LLVM command-line option, or a `num-cores` out of range is a
 422 `invalid_target` naming the attribute, and nothing is written."""
 
@@ -49,7 +49,7 @@ CASES: list[tuple[str, Any, str]] = [
 def _jobs(ctx: Any) -> int:
     from sqlalchemy import func, select
 
-    from tuner.db import models as m
+    from tuner.db import tables as m
 
     with ctx.store.session() as s:
         return int(s.scalar(select(func.count()).select_from(m.Job)) or 0)
@@ -78,7 +78,7 @@ def test_best_with_a_bad_target_is_refused(client: Any, tokens: dict[str, str]) 
 
 
 def test_targets_on_the_allowlist_are_accepted(client: Any, tokens: dict[str, str]) -> None:
-    from tuner import tvm_api as tv
+    from tuner.core import tvm_api as tv
 
     for target in ("host", tv.host_target_dict(num_cores=2),
                    {"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mattr": ["+neon"]},
@@ -97,7 +97,7 @@ def test_targets_on_the_allowlist_are_accepted(client: Any, tokens: dict[str, st
 def test_num_cores_is_bounded_by_the_device_keys_workers(client: Any, ctx: Any,
                                                          tokens: dict[str, str]) -> None:
     """Once workers of a device key registered, a job may ask for at most their cores."""
-    from tuner import tvm_api as tv
+    from tuner.core import tvm_api as tv
 
     four = {**tv.host_target_dict(), "num-cores": 4}
     for cores in (2, 4):  # two workers: 2 and 4 cores

@@ -81,7 +81,7 @@ CASES: list[tuple[str, dict[str, Any], int, str]] = [
 def _jobs(ctx: Any) -> list[str]:
     from sqlalchemy import select
 
-    from tuner.db import models as m
+    from tuner.db import tables as m
 
     with ctx.store.session() as s:
         return sorted(s.execute(select(m.Job.id)).scalars())
@@ -112,7 +112,7 @@ def test_the_api_parses_tvmscript_only_in_a_child(client: Any, tokens: dict[str,
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     """The API process never runs TVM's TVMScript parser: with it refusing in this process, a
     valid tir job is still accepted (parsed in the child) and /v1/best answers it."""
-    from tuner import tvm_api
+    from tuner.core import tvm_api
     from tuner.workloads import isolate
 
     def refuse(*a: Any, **k: Any) -> None:

@@ -82,7 +82,7 @@ def test_worker_calls(live: tuple[str, Any, dict[str, str]],
                       make_result: Callable[..., dict[str, Any]]) -> None:
     from api.client import Client
     from tests.api.conftest import confirmation_body
-    from tuner import tvm_api as tv
+    from tuner.core import tvm_api as tv
     from tuner.measure import MeasureInput, MeasureResult
 
     url, ctx, tokens = live

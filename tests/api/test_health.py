@@ -53,7 +53,7 @@ def test_unexpected_errors_are_500_without_details(api_settings: Any, user: dict
     from fastapi.testclient import TestClient
 
     import tuner.db.jobs
-    from tuner.errors import DatabaseError
+    from tuner.core.errors import DatabaseError
 
     def boom(*a: Any, **kw: Any) -> Any:
         raise RuntimeError("secret internals")

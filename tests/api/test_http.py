@@ -240,7 +240,7 @@ def test_health_answers_are_documented_models(client: Any) -> None:
 
 def test_stats_counts_and_ping(store: Any) -> None:
     from tuner.db import stats
-    from tuner.db.models import JobState
+    from tuner.db.tables import JobState
 
     stats.ping(store)
     counts = stats.counts(store)

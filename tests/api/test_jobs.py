@@ -25,7 +25,7 @@ def test_submit_minimal_body(client: Any, ctx: Any, user: dict[str, str], redis_
     assert job["state"] == "QUEUED" and job["trials"] == 16 and job["trials_done"] == 0
     assert job["workload"]["op"] == "matmul" and job["workload"]["shape"] == [128, 128, 128]
     # "host" is this machine's CPU, made explicit
-    from tuner import tvm_api as tv
+    from tuner.core import tvm_api as tv
 
     assert job["target"]["mcpu"] == tv.host_target_dict()["mcpu"]
     assert job["space"] != "default"  # resolved to a concrete space

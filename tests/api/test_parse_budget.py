@@ -216,7 +216,7 @@ def test_a_flood_of_tvmscript_keeps_the_api_responsive(store: Any, redis_url: st
           f"{p99 * 1e3:.1f} ms, median {statistics.median(health) * 1e3:.1f} ms over "
           f"{len(health)} probes")
     # 22-44 ms over ten runs on a 2-core machine, once parse children ran in the idle class
-    # with their autogroup at the lowest weight (`tuner.lean`); 35-80 ms before
+    # with their autogroup at the lowest weight (`tuner.core.lean`); 35-80 ms before
     assert len(health) >= 20 and p99 < P99_BOUND_S and statistics.median(health) < 0.01, (
         f"/healthz p99 {p99 * 1e3:.1f} ms over {len(health)} probes, median "
         f"{statistics.median(health) * 1e3:.1f} ms; the flood took {took:.1f} s")

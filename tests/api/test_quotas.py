@@ -50,7 +50,7 @@ def _over(resp: Any, code: str = "quota_exceeded") -> dict[str, Any]:
 def _workloads(client: Any) -> int:
     from sqlalchemy import func, select
 
-    from tuner.db import models as m
+    from tuner.db import tables as m
 
     with client.app.state.ctx.store.session() as s:
         return int(s.scalar(select(func.count()).select_from(m.Workload)) or 0)
@@ -130,10 +130,10 @@ def test_token_bucket() -> None:
 @PG
 def test_the_embedded_cli_is_not_limited(store: Any) -> None:
     """create_job enforces quotas for every front end but the embedded CLI (`tunefarm tune`)."""
-    from tuner.config import Settings
+    from tuner.core.config import Settings
+    from tuner.core.errors import QuotaExceeded
     from tuner.db import jobs as jobs_db
     from tuner.db import register_workload
-    from tuner.errors import QuotaExceeded
     from tuner.workloads import parse_spec
 
     wl = parse_spec(dict(SUBMIT["workload"]))  # type: ignore[call-overload]

@@ -13,7 +13,7 @@ PG = pytest.mark.parametrize("db_url", ["postgresql"], indirect=True)
 def _model() -> Any:
     import numpy as np
 
-    from tuner.tvm_api import relax
+    from tuner.core.tvm_api import relax
 
     rng = np.random.default_rng(0)
     bb = relax.BlockBuilder()
@@ -33,13 +33,13 @@ def test_remote_database_builds_what_the_sql_database_builds(
         live_server: tuple[str, Any]) -> None:
     from api.client import Client
     from api.client.ms_database import RemoteDatabase
-    from tuner.db.ms_database import TunefarmDatabase
+    from tuner.core.tvm_api import host_target_dict, make_target, structural_equal
     from tuner.db.tokens import create_token
+    from tuner.interop.ms_database import TunefarmDatabase
     from tuner.measure import MeasureOptions
+    from tuner.measure.local import LocalMeasurer
     from tuner.model.job import ModelRequest, ModelTuner
     from tuner.model.pipeline import apply, extract, partition
-    from tuner.tvm_api import host_target_dict, make_target, structural_equal
-    from workers.local import LocalMeasurer
 
     url, app = live_server
     store = app.state.ctx.store

@@ -38,8 +38,8 @@ BAD_NAMES = ["local", "LOCAL", "token-1", "token-0042", "Token-7", "a\nb", "tab\
 
 
 def test_reserved_and_bad_names_are_refused(store: Any) -> None:
+    from tuner.core.errors import SpecError
     from tuner.db.tokens import create_token, list_tokens
-    from tuner.errors import SpecError
 
     for name in BAD_NAMES:
         with pytest.raises(SpecError) as info:
@@ -59,6 +59,7 @@ def test_names_that_are_principals(store: Any) -> None:
 
 
 def test_expiry_revocation_and_refusals(store: Any) -> None:
+    from tuner.core.errors import NotFound, SpecError
     from tuner.db.tokens import (
         Principal,
         Refusal,
@@ -69,7 +70,6 @@ def test_expiry_revocation_and_refusals(store: Any) -> None:
         revoke_token,
         verify_token,
     )
-    from tuner.errors import NotFound, SpecError
 
     short = create_token(store, "user", "short", expires_in_s=1)
     forever, info = mint_token(store, "user", "forever", expires_in_s=None)
@@ -103,8 +103,8 @@ def test_expiry_revocation_and_refusals(store: Any) -> None:
 
 
 def test_device_keys_bind_worker_tokens_only(store: Any) -> None:
+    from tuner.core.errors import SpecError
     from tuner.db.tokens import create_token, verify_token
-    from tuner.errors import SpecError
 
     p = verify_token(store, create_token(store, "worker", "rack", device_key="zen5"))
     assert p is not None and p.device_key == "zen5"
@@ -116,8 +116,8 @@ def test_device_keys_bind_worker_tokens_only(store: Any) -> None:
 
 
 def test_parse_lifetime() -> None:
+    from tuner.core.errors import SpecError
     from tuner.db.tokens import parse_lifetime
-    from tuner.errors import SpecError
 
     assert parse_lifetime("90d") == 90 * 86400 and parse_lifetime("12h") == 12 * 3600
     assert parse_lifetime("30m") == 1800 and parse_lifetime("45s") == 45

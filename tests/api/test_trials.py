@@ -11,7 +11,7 @@ import pytest
 
 from tests.support.fakefarm import make_inputs, make_job, ok_result
 from tuner.db import Store, trials
-from tuner.db import models as m
+from tuner.db import tables as m
 from tuner.db.rows import NewRecord
 from tuner.measure import Invalidity, MeasureResult
 

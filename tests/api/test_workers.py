@@ -13,7 +13,7 @@ pytestmark = pytest.mark.parametrize("db_url", ["postgresql"], indirect=True)
 
 
 def _register(client: Any, worker: dict[str, str], **over: Any) -> Any:
-    from tuner import tvm_api as tv
+    from tuner.core import tvm_api as tv
 
     body = {"name": "board-1", "device_key": "local", "target": tv.host_target_dict(),
             "capabilities": {"threads": 2}, "tvm_version": "0.27.0", "hostname": "h1", **over}
@@ -217,7 +217,7 @@ def test_a_confirmation_goes_to_another_live_worker(
     """The confirmation of a trial w1 measured is held back from w1 while w is live (parked),
     and w's next lease takes it; with w gone, w1 measures it itself."""
     from tests.api.conftest import confirmation_body
-    from tuner.db import models as m
+    from tuner.db import tables as m
     from tuner.queue import streams
 
     job = submit(user)

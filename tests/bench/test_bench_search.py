@@ -10,7 +10,7 @@ import pytest
 
 from bench import search as bench_search
 from tests.support.search import Synthetic, small_search
-from tuner import tvm_api as tv
+from tuner.core import tvm_api as tv
 from tuner.db import Store
 from tuner.measure import MeasureOptions
 from tuner.measure.replay import ReplayMeasurer

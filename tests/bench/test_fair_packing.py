@@ -9,7 +9,7 @@ import numpy as np
 from bench import fused
 from bench.kernels import prepare
 from tests.schedules.test_spaces import sample_points
-from tuner import tvm_api as tv
+from tuner.core import tvm_api as tv
 from tuner.workloads import parse_spec
 
 TARGET = {"kind": "llvm", "mcpu": "x86-64-v3", "num-cores": 1}  # AVX2: runs on every CI CPU

@@ -1,4 +1,5 @@
-"""The whole-model baselines as their experts run them (bench/models.py): MetaSchedule's library
+"""The whole-model baselines as their experts run them (bench/model_suite.py): MetaSchedule's
+library
 built by the same passes as tunefarm's, PyTorch's compiled variants with freezing and
 max-autotune, and an output check that compares real outputs."""
 
@@ -10,7 +11,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from bench import models, torchref
+from bench import model_suite as models
+from bench import torchref
 from bench.timing import check
 
 
@@ -100,9 +102,9 @@ def test_metaschedule_tunes_a_model_with_the_op_suites_builder_and_runner(
     """tune_relax gets the builder of bench.msbuild (no 30 s start-up timeout that lost every
     one-candidate task), tunefarm's build timeout and timing protocol, and the seed."""
     from bench.msbuild import fast_build
-    from tuner.config import get_settings
+    from tuner.core.config import get_settings
+    from tuner.core.tvm_api import ms
     from tuner.model import pipeline
-    from tuner.tvm_api import ms
 
     got: dict[str, Any] = {}
 

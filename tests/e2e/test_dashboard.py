@@ -241,7 +241,7 @@ def test_a_job_of_ten_thousand_records_renders(farm: Farm, browser: Any, shots: 
 
     from tests.api.conftest import trivial_trace
     from tuner.db import Store
-    from tuner.db import models as m
+    from tuner.db import tables as m
 
     n = 10_000
     spec = {"op": "matmul", "shape": [256, 256, 256]}

@@ -37,8 +37,8 @@ def _cli(farm: Farm, *args: str) -> subprocess.CompletedProcess[str]:
 
 def test_a_model_is_tuned_on_the_farm_and_built_through_the_api(farm: Farm,
                                                                 tmp_path: Path) -> None:
+    from tuner.core.tvm_api import relax, tvm
     from tuner.model.load import load_model
-    from tuner.tvm_api import relax, tvm
 
     model = tmp_path / "mlp.py"
     model.write_text(MODEL_PY)

@@ -37,7 +37,7 @@ def _wait_terminal(client: Any, job_id: str, timeout: float, farm: Farm) -> dict
 
 
 def test_job_over_rest_is_tuned_by_two_workers_and_best_replays(farm: Farm, pg_url: str) -> None:
-    from tuner import tvm_api as tv
+    from tuner.core import tvm_api as tv
     from tuner.workloads import parse_spec
 
     farm.start_tuner()

@@ -12,10 +12,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tuner.errors import SpecError
+from tuner.core.errors import SpecError
+from tuner.core.tvm_api import make_target, ms, relax, tvm
 from tuner.model.load import load_model
 from tuner.model.pipeline import extract, partition
-from tuner.tvm_api import make_target, ms, relax, tvm
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -277,7 +277,7 @@ def test_a_killed_model_job_resumes_without_measuring_twice(model_py: Path,
 @pytest.mark.parametrize("act", ["gelu", "gelu_tanh"])
 def test_fast_math_gelu_computes_gelu_without_libm_calls(tmp_path: Path, act: str) -> None:
     from tuner.db import Store
-    from tuner.db.ms_database import TunefarmDatabase
+    from tuner.interop.ms_database import TunefarmDatabase
     from tuner.model.pipeline import build
 
     bb = relax.BlockBuilder()
@@ -309,7 +309,7 @@ def test_a_padded_weight_is_packed_once_at_build_time(tmp_path: Path) -> None:
     from schedules import registry
     from tests.schedules.test_spaces import sample_points
     from tuner.db import Store
-    from tuner.db.ms_database import TunefarmDatabase
+    from tuner.interop.ms_database import TunefarmDatabase
     from tuner.model.pipeline import apply, build
     from tuner.workloads import parse_spec
 

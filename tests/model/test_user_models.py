@@ -13,10 +13,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tuner.errors import SpecError
+from tuner.core.errors import SpecError
+from tuner.core.tvm_api import make_target, relax, tvm
 from tuner.model.load import load_model
 from tuner.model.pipeline import extract, partition
-from tuner.tvm_api import make_target, relax, tvm
 
 torch = pytest.importorskip("torch")
 

@@ -15,12 +15,12 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from bench.zoo import ZOO
-from tuner.db.ms_database import TunefarmDatabase
+from tuner.core.tvm_api import relax, tvm
 from tuner.db.store import Store
+from tuner.interop.ms_database import TunefarmDatabase
 from tuner.model.job import vet_tasks
 from tuner.model.load import from_torch
 from tuner.model.pipeline import build
-from tuner.tvm_api import relax, tvm
 
 
 def test_the_zoo_has_what_users_bring() -> None:

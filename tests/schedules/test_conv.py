@@ -17,7 +17,7 @@ from schedules import registry
 from schedules.registry import TEMPLATES
 from tests.support import guarded
 from tests.support.targets import AVX2_X86, HOST_AVX512, RUN_X86, ZNVER4
-from tuner import tvm_api as tv
+from tuner.core import tvm_api as tv
 from tuner.workloads import parse_spec
 
 TARGET_SPEC = RUN_X86
@@ -172,9 +172,9 @@ def test_depthwise_random_traces_match_reference(shape: list[int], params: dict[
 @pytest.mark.parametrize("layout,tname", [("NCHW", NCHWC), ("NHWC", NHWC)])
 def test_kernel_is_packed_by_a_preproc_block_and_the_timed_kernel_takes_it(
         layout: str, tname: str, spec: dict[str, Any], lanes: int) -> None:
-    """What workers.sandbox does: replay the trace JSON, strip the layout-rewrite block, run the
-    kernel with the weight packed by hand: in blocks of one vector register of output channels
-    (16 with AVX-512, 8 with AVX2)."""
+    """What tuner.measure.sandbox does: replay the trace JSON, strip the layout-rewrite block,
+    run the kernel with the weight packed by hand: in blocks of one vector register of output
+    channels (16 with AVX-512, 8 with AVX2)."""
     target = tv.make_target(spec)
     blocks = 32 // lanes
     # NCHW [O/L, C, KH, KW, L]; NHWC [O/L, KH, KW, C, L]

@@ -33,7 +33,7 @@ import pytest
 from schedules import arm, cuda  # noqa: F401 - importing registers the templates
 from schedules.registry import TEMPLATES, spaces_for
 from tests.support import guarded
-from tuner import tvm_api as tv
+from tuner.core import tvm_api as tv
 from tuner.workloads import parse_spec
 
 N1 = {"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mcpu": "neoverse-n1",

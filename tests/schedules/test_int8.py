@@ -13,10 +13,10 @@ from schedules.intrinsics import VNNI_16x4_LLVM22
 from schedules.registry import TEMPLATES, describe
 from tests.support import guarded
 from tests.support.targets import AVX2_X86
-from tuner import tvm_api as tv
+from tuner.core import tvm_api as tv
 from tuner.measure import Invalidity, MeasureInput, MeasureOptions
+from tuner.measure.sandbox import _Prepared, measure_one
 from tuner.workloads import parse_spec
-from workers.sandbox import _Prepared, measure_one
 
 TARGET = {"kind": "llvm", "mcpu": "znver4", "num-cores": 2}
 

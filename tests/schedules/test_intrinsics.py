@@ -15,7 +15,7 @@ import pytest
 
 from schedules.intrinsics import ACTIVATION_F32, ACTIVATIONS, use
 from tests.support.targets import RUN_X86
-from tuner import tvm_api as tv
+from tuner.core import tvm_api as tv
 
 N = 16 * 1024
 
@@ -117,10 +117,10 @@ def test_a_trace_registers_the_whole_row_intrinsics_it_names_within_bounds() -> 
 
 LAZY_X86 = r"""
 import sys
-from workers.sandbox import warm_imports
+from tuner.measure.sandbox import warm_imports
 warm_imports()  # what a build or measuring process imports before its first candidate
 from schedules.intrinsics import register_for_trace
-from tuner import tvm_api as tv
+from tuner.core import tvm_api as tv
 from tuner.workloads import parse_spec
 
 def loaded():

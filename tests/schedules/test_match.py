@@ -20,11 +20,11 @@ from schedules.match_conv import (
 )
 from tests.schedules.test_spaces import X86, check_outputs, sample_points
 from tests.support import guarded
-from tuner import prepack
-from tuner import tvm_api as tv
-from tuner.prepack import PADDED_PREPROC, PREPROC
+from tuner.core import prepack
+from tuner.core import tvm_api as tv
+from tuner.core.prepack import PADDED_PREPROC, PREPROC
+from tuner.measure.packing import Packer
 from tuner.workloads import parse_spec
-from workers.packing import Packer
 
 
 def tir(func: Any) -> Any:
@@ -88,7 +88,7 @@ def test_what_is_not_served_says_why(func: Any, why: str) -> None:
 
 def _int8_gemm(a_dtype: str, b_dtype: str, *, cast_b: bool = True) -> Any:
     """C[i, j] int32 += A[i, k] * B[k, j], each cast to int32 (or B not cast)."""
-    from tuner.tvm_api import te
+    from tuner.core.tvm_api import te
 
     a = te.placeholder((16, 32), a_dtype, name="A")
     b = te.placeholder((32, 48), b_dtype, name="B")
@@ -100,7 +100,7 @@ def _int8_gemm(a_dtype: str, b_dtype: str, *, cast_b: bool = True) -> Any:
 
 
 def _transposed_a() -> Any:
-    from tuner.tvm_api import te
+    from tuner.core.tvm_api import te
 
     a, b = te.placeholder((64, 32), name="A"), te.placeholder((64, 48), name="B")
     r = te.reduce_axis((0, 64), name="k")
@@ -143,8 +143,8 @@ def test_the_gemm_template_serves_fused_relax_tasks(m: int, n: int, k: int, act:
 
 
 def check_kernel(sch: Any, wl: Any) -> None:
-    """The kernel a measurer times (`tuner.prepack.kernel`), on the weights packed as the
-    program's own packing packs them (`workers.packing.Packer`), computes the reference."""
+    """The kernel a measurer times (`tuner.core.prepack.kernel`), on the weights packed as the
+    program's own packing packs them (`tuner.measure.packing.Packer`), computes the reference."""
     dev = tv.tvm.cpu(0)
     inputs = wl.make_inputs(5)
     kernel = prepack.kernel(sch.mod)
@@ -188,7 +188,7 @@ def test_gemv_like_gemms_are_left_to_the_generated_space(spec: dict[str, Any],
 
 def test_the_padded_weight_is_packed_apart_from_the_timed_kernel() -> None:
     """N off the grid: the packing pads (`if_then_else(j < N, w, 0)`), which TVM's
-    RemoveWeightLayoutRewriteBlock refuses (so it is not marked for it); `tuner.prepack.kernel`
+    RemoveWeightLayoutRewriteBlock refuses (so it is not marked for it); `tuner.core.prepack.kernel`
     splits it off as relax does,
     so the kernel timed (and built by tunefarm's pipeline) takes the packed weight and packs
     nothing. Built for znver4, not run: any CPU can check it."""
@@ -331,7 +331,7 @@ def test_a_batch_norm_near_zero_is_no_wrong_answer() -> None:
     [-1, 1] like any input, a channel divided by ~0.003 turned every schedule's reordered sum into
     a wrong answer (1 element of 25,088, 0.027 against a tolerance of 0.0046), and a model job
     spent its budget on a task that could never pass. Divisors are drawn from ±[0.5, 1]."""
-    from workers.evaluate import check
+    from tuner.measure.evaluate import check
 
     wl = tir(relax_tasks.conv2d(1, 512, 7, 512, 3, pad=1, epilogue="bn_res_relu"))
     (sch,) = sample_points(registry.space_generator("conv2d-nchwc-x86", wl, X86), wl, X86,

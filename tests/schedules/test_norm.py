@@ -16,7 +16,7 @@ from schedules.match import NoMatch
 from schedules.match_norm import COLUMN, ELEMENTWISE, ROW, SUM, NormMatch, match_norm_func
 from schedules.norm import ACCUMULATORS
 from tests.schedules.test_spaces import X86, check_outputs, sample_points
-from tuner import tvm_api as tv
+from tuner.core import tvm_api as tv
 from tuner.workloads import parse_spec
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from schedules import registry
-from tuner import tvm_api as tv
+from tuner.core import tvm_api as tv
 from tuner.workloads import parse_spec
 
 ZEN = {"kind": "llvm", "mcpu": "znver4", "num-cores": 2}
@@ -31,7 +31,7 @@ TENSORIZING = [
 CHILD = """
 import json, sys
 from schedules.registry import replay
-from tuner import tvm_api as tv
+from tuner.core import tvm_api as tv
 from tuner.workloads import parse_spec
 
 out = []

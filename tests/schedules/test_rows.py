@@ -19,7 +19,7 @@ from schedules.match_rows import (
     match_softmax_func,
 )
 from tests.schedules.test_spaces import X86, check_outputs, sample_points
-from tuner import tvm_api as tv
+from tuner.core import tvm_api as tv
 from tuner.workloads import parse_spec
 
 

@@ -11,7 +11,7 @@ from schedules.intrinsics import DIV_BCAST_F32, EXP_SUB_F32
 from schedules.registry import TEMPLATES, describe
 from schedules.softmax import softmax_lanes
 from tests.support import guarded
-from tuner import tvm_api as tv
+from tuner.core import tvm_api as tv
 from tuner.workloads import parse_spec
 
 TARGET = {"kind": "llvm", "mcpu": "znver4", "num-cores": 2}

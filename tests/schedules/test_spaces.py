@@ -12,8 +12,8 @@ import pytest
 from schedules import registry
 from tests.support import guarded
 from tests.support.targets import RUN_X86
-from tuner import tvm_api as tv
-from tuner.errors import SpecError
+from tuner.core import tvm_api as tv
+from tuner.core.errors import SpecError
 from tuner.workloads import parse_spec
 
 X86 = tv.make_target(RUN_X86)

@@ -110,7 +110,7 @@ class FakeWorker:
 
 def make_job(store: Store, *, trials: int = 8, state: str = "QUEUED") -> Any:
     """A job on a matmul-16 workload row and a {"kind": "llvm"} target row (device key "dev")."""
-    from tuner.db.models import JobState
+    from tuner.db.tables import JobState
 
     wid = store.ensure_workload(key="matmul-test", op="matmul",
                                 spec_json=json.dumps({"op": "matmul", "shape": [16, 16, 16]}),

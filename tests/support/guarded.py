@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from tuner import tvm_api as tv
+from tuner.core import tvm_api as tv
 
 GUARD = 4096  # elements after each output
 

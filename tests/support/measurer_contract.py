@@ -1,9 +1,9 @@
 """The contract every `tuner.measure.Measurer` keeps, written once (like Optuna's
 `StorageTestCase`) and run over each way of measuring:
 
-    local   workers.local.LocalMeasurer: this machine, a sandbox process
-    rpc     workers.rpc.RpcMeasurer: boards behind a local TVM RPC tracker (`rpcfarm`)
-    remote  tuner.service.measurer.RemoteMeasurer: real Redis and a SQLite store, measured by a
+    local   tuner.measure.local.LocalMeasurer: this machine, a sandbox process
+    rpc     tuner.measure.rpc.RpcMeasurer: boards behind a local TVM RPC tracker (`rpcfarm`)
+    remote  tuner.measure.remote.RemoteMeasurer: real Redis and a SQLite store, measured by a
             `FakeWorker` thread that measures each entry with a real LocalMeasurer and commits
             its record the way the API does
 
@@ -28,7 +28,7 @@ import pytest
 
 from tests.kernels import CRASH, HANG
 from tests.support.rpcfarm import LOOPBACK_KEY as RPC_KEY
-from tuner import tvm_api as tv
+from tuner.core import tvm_api as tv
 from tuner.measure import Invalidity, MeasureInput, MeasureOptions, Measurer
 from tuner.workloads import parse_spec
 
@@ -112,7 +112,7 @@ def supply(kind: str, request: pytest.FixtureRequest) -> contextlib.AbstractCont
 
 @contextlib.contextmanager
 def _local() -> Iterator[Backend]:
-    from workers.local import LocalMeasurer
+    from tuner.measure.local import LocalMeasurer
 
     with LocalMeasurer() as m:
         yield Backend("local", m)
@@ -120,7 +120,7 @@ def _local() -> Iterator[Backend]:
 
 @contextlib.contextmanager
 def _rpc(farm: Any) -> Iterator[Backend]:
-    from workers.rpc import RpcMeasurer
+    from tuner.measure.rpc import RpcMeasurer
 
     # the server ends a session after 15 s: a board wedged by a hanging kernel comes back
     with RpcMeasurer(*farm.tracker_address, RPC_KEY, request_timeout_s=30, session_timeout_s=15,
@@ -132,9 +132,9 @@ def _rpc(farm: Any) -> Iterator[Backend]:
 def _remote(redis_url: str) -> Iterator[Backend]:
     from tests.support.fakefarm import FakeWorker, make_job
     from tuner.db import Store
+    from tuner.measure.local import LocalMeasurer
+    from tuner.measure.remote import RemoteMeasurer
     from tuner.queue import Keys, streams
-    from tuner.service.measurer import RemoteMeasurer
-    from workers.local import LocalMeasurer
 
     prefix = f"tunefarm-test-{uuid.uuid4().hex[:12]}:"
     keys = Keys(prefix)

@@ -119,7 +119,7 @@ def start_server(tracker: tuple[str, int], key: str, *, host: str = "127.0.0.1",
 
 def registered_servers(tracker: tuple[str, int], key: str) -> int:
     """How many servers the tracker lists for `key` (busy or free)."""
-    from tuner import tvm_api as tv
+    from tuner.core import tvm_api as tv
 
     info = tv.rpc_tracker_summary(*tracker).get("server_info", [])
     return sum(1 for s in info if s.get("key") == f"server:{key}")
@@ -128,7 +128,7 @@ def registered_servers(tracker: tuple[str, int], key: str) -> int:
 def wait_for_servers(tracker: tuple[str, int], key: str, count: int, *,
                      timeout_s: float = START_TIMEOUT_S) -> None:
     """Block until the tracker lists `count` servers for `key` and has `count` of them free."""
-    from tuner import tvm_api as tv
+    from tuner.core import tvm_api as tv
 
     deadline = time.monotonic() + timeout_s
     while True:

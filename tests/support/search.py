@@ -16,7 +16,7 @@ def small_search(monkeypatch: pytest.MonkeyPatch) -> None:
     """Make `Tuner.run` use an evolutionary search of 16 programs and one generation for every
     space (templates size theirs at 64-512): the loop is under test, not MetaSchedule's search
     quality, and a search step then costs a tenth of a second instead of seconds."""
-    from tuner import tvm_api as tv
+    from tuner.core import tvm_api as tv
     from tuner.search import loop
 
     def strategy(name: str) -> Any:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tuner import tvm_api as tv
+from tuner.core import tvm_api as tv
 
 ZNVER4: dict[str, Any] = {"kind": "llvm", "mcpu": "znver4", "num-cores": 2}
 _HAS = tv.tvm_ffi.get_global_func("target.llvm_cpu_has_feature")

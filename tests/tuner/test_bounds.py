@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from tests.support import guarded
-from tuner import tvm_api as tv
-from tuner.errors import SpecError
+from tuner.core import tvm_api as tv
+from tuner.core.errors import SpecError
 from tuner.workloads import parse_spec
 from tuner.workloads.bounds import clamp_data_dependent
 

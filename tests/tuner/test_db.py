@@ -13,10 +13,10 @@ from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from sqlalchemy import text
 
+from tuner.core.errors import Conflict, DatabaseError, NotFound
 from tuner.db import JobState, NewRecord, Store, normalize_url, target_key
 from tuner.db.engine import UPGRADE_COMMAND, alembic_config
-from tuner.db.models import Base
-from tuner.errors import Conflict, DatabaseError, NotFound
+from tuner.db.tables import Base
 from tuner.measure import Invalidity
 
 TARGET = '{"kind": "llvm", "mcpu": "znver5", "num-cores": 2, "keys": ["cpu"]}'
@@ -94,7 +94,7 @@ def test_out_of_date_schema_names_the_fix(db_url: str) -> None:
 
 
 def test_auto_upgrade_and_settings_url(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    from tuner.config import get_settings
+    from tuner.core.config import get_settings
 
     monkeypatch.setenv("TUNEFARM_DATABASE_URL", f"sqlite:///{tmp_path}/sub/dir/t.db")
     get_settings.cache_clear()

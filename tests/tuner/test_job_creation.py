@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
+from tuner.core.errors import TunefarmError
 from tuner.db import JobState, Store, register_workload
 from tuner.db import jobs as jobs_db
-from tuner.errors import TunefarmError
 
 pytestmark = pytest.mark.parametrize("db_url", ["postgresql"], indirect=True)
 MATMUL = {"op": "matmul", "shape": [64, 64, 64]}
@@ -26,7 +26,7 @@ class _Stopped(TunefarmError):
 @pytest.fixture
 def env(monkeypatch: pytest.MonkeyPatch) -> Iterator[pytest.MonkeyPatch]:
     """Settings from a clean environment (the CLI reads the cached `get_settings()`)."""
-    from tuner.config import get_settings
+    from tuner.core.config import get_settings
 
     for name in ("TUNEFARM_SEED", "TUNEFARM_BATCH_SIZE"):
         monkeypatch.delenv(name, raising=False)
@@ -57,7 +57,7 @@ def _cli_job(db_url: str, monkeypatch: pytest.MonkeyPatch, args: list[str]) -> A
             pass
 
     monkeypatch.setattr(Tuner, "_job", job_then_stop)
-    monkeypatch.setattr("workers.local.LocalMeasurer", _NoMeasurer)
+    monkeypatch.setattr("tuner.measure.local.LocalMeasurer", _NoMeasurer)
     out = CliRunner().invoke(app, ["tune", "matmul", "--shape", "64,64,64", "--trials", "8",
                                    "--db", db_url, *args])
     assert len(made) == 1, (out.output, out.exception)
@@ -68,7 +68,7 @@ def _api_job(db_url: str, redis_url: str, redis_prefix: str, body: dict[str, Any
     from fastapi.testclient import TestClient
 
     from api.app import create_app
-    from tuner.config import Settings
+    from tuner.core.config import Settings
     from tuner.db.tokens import create_token
 
     settings = Settings(database_url=db_url, redis_url=redis_url, redis_prefix=redis_prefix)
@@ -144,7 +144,7 @@ def test_a_resumed_cli_job_is_never_claimed_by_a_service_tuner(store: Store,
     assert jobs_db.claim(store, "tuner-1", 30.0) is None
     # a job stored before, its local lease freed when it ended: resuming takes it back
     with store.session() as s:
-        from tuner.db import models as m
+        from tuner.db import tables as m
 
         s.get(m.Job, job.id).lease_owner = None  # type: ignore[union-attr]
     jobs_db.create_job(store, new)

@@ -1,4 +1,4 @@
-"""`python -m tuner.lean MODULE ARGS`: children run their module without torch, whatever is
+"""`python -m tuner.core.lean MODULE ARGS`: children run their module without torch, whatever is
 installed, and see their own arguments (real processes)."""
 
 from __future__ import annotations
@@ -14,15 +14,15 @@ from typing import Any
 
 import pytest
 
-from tuner import lean
-from tuner.isolation import child_env
-from workers.local import LocalMeasurer
+from tuner.core import lean
+from tuner.core.isolation import child_env
+from tuner.measure.local import LocalMeasurer
 
 ROOT = Path(__file__).resolve().parents[2]
 
 PROBE = """\
 import json, sys
-from tuner import tvm_api  # imports tvm, whose tvm_ffi tries `import torch`
+from tuner.core import tvm_api  # imports tvm, whose tvm_ffi tries `import torch`
 try:
     import torch  # noqa: F401
     loaded = True
@@ -82,7 +82,7 @@ def test_the_tvmscript_parser_starts_idle(monkeypatch: pytest.MonkeyPatch) -> No
 
     monkeypatch.setattr(isolate.subprocess, "Popen", spy)
     isolate._parse_in_child(["not tvmscript"])
-    assert started and started[0][started[0].index("tuner.lean") + 1] == lean.IDLE
+    assert started and started[0][started[0].index("tuner.core.lean") + 1] == lean.IDLE
 
 
 def test_without_lean_torch_is_whatever_is_installed(tmp_path: Path) -> None:
@@ -98,9 +98,9 @@ def test_the_sandbox_and_build_processes_start_lean() -> None:
     with LocalMeasurer(build_workers=1) as m:
         child = m._start_child(1)
         cmdline = Path(f"/proc/{child.proc.pid}/cmdline").read_bytes().split(b"\0")
-        assert cmdline[1:4] == [b"-m", b"tuner.lean", b"workers.sandbox"]
+        assert cmdline[1:4] == [b"-m", b"tuner.core.lean", b"tuner.measure.sandbox"]
         child.wait_ready()
-        want = [b"-m", b"tuner.lean", b"tvm.exec.popen_worker"]
+        want = [b"-m", b"tuner.core.lean", b"tvm.exec.popen_worker"]
         deadline = time.monotonic() + 60  # the pool starts its process from a thread
         while not any(c[1:4] == want for c in _children()):
             assert time.monotonic() < deadline, _children()

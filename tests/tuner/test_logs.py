@@ -1,4 +1,4 @@
-"""Structured logs (tuner/logs.py): one JSON object per line with the job and trial ids bound
+"""Structured logs (tuner/core/logs.py): one JSON object per line with the job and trial ids bound
 where the code works on them, and the text format by default."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from tuner import logs
+from tuner.core import logs
 
 
 @pytest.fixture
@@ -103,7 +103,7 @@ def test_setup_selects_the_format_and_replaces_handlers(capsys: pytest.CaptureFi
 def test_the_log_format_setting(monkeypatch: pytest.MonkeyPatch) -> None:
     from pydantic import ValidationError
 
-    from tuner.config import Settings
+    from tuner.core.config import Settings
 
     monkeypatch.delenv("TUNEFARM_LOG_FORMAT", raising=False)
     assert Settings().log_format == "text"

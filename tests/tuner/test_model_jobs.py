@@ -9,13 +9,13 @@ from typing import Any
 
 import pytest
 
-from tuner import tvm_api as tv
+from tuner.core import tvm_api as tv
 from tuner.db import Store
 from tuner.db import model_jobs as mj
 from tuner.db.catalog import register_workload
 from tuner.db.jobs import LOCAL_OWNER, JobOptions, claim
-from tuner.db.models import JobState
 from tuner.db.store import NewRecord
+from tuner.db.tables import JobState
 from tuner.measure import Invalidity
 from tuner.model.rounds import BUDGET_SPENT, EXHAUSTED, WALL_BUDGET, gradient_plan
 from tuner.workloads import parse_spec
@@ -188,7 +188,7 @@ def test_estimates_are_json_in_sql(store: Store) -> None:
     model = _model(store)
     mj.advance(store, model.id, gradient_plan)
     with store.session() as s:
-        from tuner.db import models as m
+        from tuner.db import tables as m
 
         raw: Any = s.get(m.ModelJob, model.id)
         assert json.loads(raw.estimates_json) == [[0, None]]

@@ -7,10 +7,7 @@ from typing import Any
 
 import pytest
 
-from tuner.db import Store
-from tuner.db.ms_database import TunefarmDatabase, shash_hex
-from tuner.measure import Invalidity
-from tuner.tvm_api import (
+from tuner.core.tvm_api import (
     Schedule,
     canonical_target_json,
     make_target,
@@ -20,6 +17,9 @@ from tuner.tvm_api import (
     te,
     tvm,
 )
+from tuner.db import Store
+from tuner.interop.ms_database import TunefarmDatabase, shash_hex
+from tuner.measure import Invalidity
 from tuner.workloads.identity import identity_hash
 
 ZNVER5 = {"kind": "llvm", "mcpu": "znver5", "num-cores": 2}

@@ -17,11 +17,19 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tuner.core.tvm_api import (
+    Schedule,
+    host_target_dict,
+    make_target,
+    ms,
+    structural_equal,
+    te,
+    tvm,
+)
 from tuner.db import Store
-from tuner.db.ms_database import FAILED_RUN_S, TunefarmDatabase
 from tuner.db.ms_lookup import module_hash
+from tuner.interop.ms_database import FAILED_RUN_S, TunefarmDatabase
 from tuner.measure import Invalidity
-from tuner.tvm_api import Schedule, host_target_dict, make_target, ms, structural_equal, te, tvm
 
 LLVM = {"kind": "llvm", "mcpu": "znver4", "num-cores": 2}
 N = 32

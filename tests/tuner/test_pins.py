@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from tuner import tvm_api
-from tuner.errors import EnvironmentMismatch
+from tuner.core import tvm_api
+from tuner.core.errors import EnvironmentMismatch
 
 
 def test_installed_versions_match_the_pins() -> None:
@@ -34,7 +34,7 @@ def test_missing_tvm_is_refused() -> None:
 def test_save_json_round_trips_in_a_fresh_process() -> None:
     # the call that segfaults (exit code 139) with the wrong ffi version
     code = (
-        "from tuner.tvm_api import te, tvm, save_json, load_json, structural_equal\n"
+        "from tuner.core.tvm_api import te, tvm, save_json, load_json, structural_equal\n"
         "A = te.placeholder((8,), name='A'); B = te.compute((8,), lambda i: A[i] * 2.0, name='B')\n"
         "mod = tvm.IRModule({'main': te.create_prim_func([A, B])})\n"
         "assert structural_equal(load_json(save_json(mod)), mod)\n"

@@ -11,7 +11,7 @@ from pathlib import Path
 from sqlalchemy import text
 
 from tuner.cli.tokens import _write_secret
-from tuner.config import Settings
+from tuner.core.config import Settings
 from tuner.db.store import Store
 
 

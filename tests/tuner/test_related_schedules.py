@@ -13,10 +13,10 @@ from bench import fused as relax_tasks
 from tests.support.targets import RUN_X86
 from tuner.db import Store
 from tuner.measure import Invalidity, MeasureOptions
+from tuner.measure.local import LocalMeasurer
 from tuner.search import Tuner, TuneRequest
 from tuner.search.transfer import adapt_tile, knob_values, nearest_choice
 from tuner.workloads import parse_spec
-from workers.local import LocalMeasurer
 
 
 def test_a_tile_keeps_its_factors_on_the_same_extent_and_takes_the_nearest_on_another() -> None:
@@ -88,7 +88,7 @@ def test_a_new_workload_first_measures_its_relatives_best_schedules(
     assert head is not None and head != best[0]  # adapted to 48 × 96 ...
     assert [kind for kind, _ in head] == [kind for kind, _ in best[0] or []]  # ... same knobs
 
-    from tuner.config import get_settings
+    from tuner.core.config import get_settings
     from tuner.search import transfer
 
     calls: list[int] = []

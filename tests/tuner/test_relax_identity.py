@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from tuner.tvm_api import make_target, ms, shash_hex, tvm
+from tuner.core.tvm_api import make_target, ms, shash_hex, tvm
 from tuner.workloads import parse_spec
 from tuner.workloads.identity import identity_hash, normal_form, same_computation
 
@@ -82,8 +82,8 @@ def _commit(db: Any, mod: Any, sch: Any, target: Any, secs: float) -> None:
 
 
 def test_a_record_of_another_spelling_is_answered_only_if_it_replays(store: Any) -> None:
-    from tuner.db.ms_database import TunefarmDatabase
-    from tuner.tvm_api import Schedule, structural_equal
+    from tuner.core.tvm_api import Schedule, structural_equal
+    from tuner.interop.ms_database import TunefarmDatabase
 
     target = make_target({"kind": "llvm", "mcpu": "znver4", "num-cores": 2})
     spec = parse_spec({"op": "matmul", "shape": [64, 64, 64]})
@@ -116,8 +116,8 @@ import json, sys
 import numpy as np
 from tvm import relax
 from tuner.db import Store
-from tuner.db.ms_database import TunefarmDatabase
-from tuner.tvm_api import make_target, ms, structural_equal, trace_to_json, tvm
+from tuner.interop.ms_database import TunefarmDatabase
+from tuner.core.tvm_api import make_target, ms, structural_equal, trace_to_json, tvm
 from schedules.registry import replay
 from bench.fused import model
 
@@ -171,8 +171,8 @@ def test_tuned_matmul_is_found_and_applied_by_relax(tmp_path: Path) -> None:
 
 
 def test_a_workload_another_process_commits_later_is_found(store: Any) -> None:
-    from tuner.db.ms_database import TunefarmDatabase
-    from tuner.tvm_api import Schedule
+    from tuner.core.tvm_api import Schedule
+    from tuner.interop.ms_database import TunefarmDatabase
 
     target = make_target({"kind": "llvm", "mcpu": "znver4", "num-cores": 2})
     spec = parse_spec({"op": "matmul", "shape": [32, 32, 32]})
@@ -210,8 +210,8 @@ import numpy as np
 from tvm import relax
 from bench.fused import model
 from tuner.db import Store
-from tuner.db.ms_database import TunefarmDatabase
-from tuner.tvm_api import make_target, tvm
+from tuner.interop.ms_database import TunefarmDatabase
+from tuner.core.tvm_api import make_target, tvm
 
 target = make_target("host")
 cols = int(sys.argv[2])

@@ -9,12 +9,12 @@ import pytest
 from tests.support.fakes import FlakyMeasurer
 from tests.support.targets import RUN_X86
 from tuner.db import JobState, Store
+from tuner.interop.records import best_record
 from tuner.measure import Invalidity, MeasureOptions
-from tuner.records import best_record
+from tuner.measure.local import LocalMeasurer
 from tuner.search import Progress, Tuner, TuneRequest
 from tuner.search.history import trained_cost_model
 from tuner.workloads import parse_spec
-from workers.local import LocalMeasurer
 
 TARGET = RUN_X86
 OPTS = MeasureOptions(min_repeat_ms=2, repeats=3, num_threads=2)
@@ -63,7 +63,7 @@ def test_tune_stores_every_trial_and_resumes_without_remeasuring(store: Store) -
 def test_best_record_replays_to_the_measured_kernel(store: Store) -> None:
     import numpy as np
 
-    from tuner import tvm_api as tv
+    from tuner.core import tvm_api as tv
 
     spec = {"op": "dense", "shape": [32, 48, 64]}
     with LocalMeasurer() as m:
@@ -84,8 +84,8 @@ def test_best_record_replays_to_the_measured_kernel(store: Store) -> None:
 def test_best_record_passes_over_a_trace_that_no_longer_replays(store: Store) -> None:
     from sqlalchemy import update
 
-    from tuner.db import models as m
-    from tuner.errors import NotFound
+    from tuner.core.errors import NotFound
+    from tuner.db import tables as m
 
     spec = {"op": "matmul", "shape": [32, 32, 32]}
     with LocalMeasurer() as lm:
@@ -138,7 +138,7 @@ def test_infrastructure_failures_are_retried_and_never_counted(store: Store) -> 
 
 
 def test_a_dead_farm_fails_the_job_instead_of_spinning(store: Store) -> None:
-    from tuner.errors import TunefarmError
+    from tuner.core.errors import TunefarmError
 
     spec = {"op": "matmul", "shape": [16, 16, 16]}
     with LocalMeasurer() as m, pytest.raises(TunefarmError, match="worker_lost"):
@@ -148,7 +148,7 @@ def test_a_dead_farm_fails_the_job_instead_of_spinning(store: Store) -> None:
 
 
 def test_an_unknown_space_creates_no_job(store: Store) -> None:
-    from tuner.errors import SpecError
+    from tuner.core.errors import SpecError
 
     with LocalMeasurer() as m, pytest.raises(SpecError, match="unknown space"):
         Tuner(store, m).run(_req({"op": "matmul", "shape": [16, 16, 16]}, 2, space="nope"))
@@ -187,7 +187,7 @@ def test_features_are_extracted_once_per_program() -> None:
     import numpy as np
 
     from schedules.registry import search_strategy, space_generator
-    from tuner import tvm_api as tv
+    from tuner.core import tvm_api as tv
     from tuner.search.costmodel import FEATURE_DIM, XGBCostModel
     from tuner.search.loop import sample_space
 

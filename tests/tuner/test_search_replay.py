@@ -18,10 +18,10 @@ import pytest
 from bench import fused as relax_tasks
 from schedules import registry
 from tests.support.search import Synthetic, small_search
-from tuner import tvm_api as tv
+from tuner.core import tvm_api as tv
+from tuner.core.errors import JobHandedOff
 from tuner.db import JobState, NewRecord, Store
 from tuner.db.jobs import list_jobs
-from tuner.errors import JobHandedOff
 from tuner.measure import Invalidity, MeasureInput, MeasureOptions
 from tuner.measure.replay import NotRecorded, ReplayMeasurer
 from tuner.search import Progress, Tuner, TuneRequest

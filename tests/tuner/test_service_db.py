@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
+from tuner.core.errors import Conflict, NotFound, SpecError
 from tuner.db import JobState, Store, jobs, tokens, workers
-from tuner.errors import Conflict, NotFound, SpecError
 
 
 @pytest.fixture
@@ -93,7 +93,7 @@ def test_tokens_are_hashed_scoped_and_revocable(store: Store) -> None:
     assert p.scope.allows(tokens.Scope.WORKER) and not p.scope.allows(tokens.Scope.USER)
     assert tokens.Scope.ADMIN.allows(tokens.Scope.USER)
     with store.session() as s:  # only the hash is stored
-        from tuner.db import models as m
+        from tuner.db import tables as m
         assert all(tok not in (r.token_hash, r.name) for r in s.query(m.Token))
     tokens.revoke_token(store, p.token_id)
     assert tokens.verify_token(store, tok) is None

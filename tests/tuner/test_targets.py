@@ -5,9 +5,9 @@ import json
 import pytest
 
 from tests.support.targets import HOST_AVX512
-from tuner import tvm_api as tv
-from tuner.errors import TargetError
-from tuner.targets import check_target
+from tuner.core import tvm_api as tv
+from tuner.core.errors import TargetError
+from tuner.core.targets import check_target
 
 
 def test_host_is_an_explicit_cpu_with_cores() -> None:

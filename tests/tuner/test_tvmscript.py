@@ -10,9 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tuner import tvm_api
-from tuner.config import get_settings
-from tuner.errors import SpecError
+from tuner.core import tvm_api
+from tuner.core.config import get_settings
+from tuner.core.errors import SpecError
 from tuner.workloads import parse_spec, vet_tvmscript
 
 MM = '''from tvm.script import tirx as T

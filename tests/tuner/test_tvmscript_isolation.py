@@ -17,9 +17,9 @@ import pytest
 from tests.kernels import SLOT_BASE as BASE
 from tests.kernels import SLOTS, SPLITLINES_BREAKS, hidden, payload
 from tests.support import guarded
-from tuner import tvm_api
-from tuner.config import get_settings
-from tuner.errors import SpecError
+from tuner.core import tvm_api
+from tuner.core.config import get_settings
+from tuner.core.errors import SpecError
 from tuner.workloads import isolate, parse_spec, vet_tvmscript
 from tuner.workloads.tvmscript import canonical_text
 

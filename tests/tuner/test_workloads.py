@@ -12,9 +12,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tuner.config import get_settings
-from tuner.errors import SpecError
-from tuner.tvm_api import tvm
+from tuner.core.config import get_settings
+from tuner.core.errors import SpecError
+from tuner.core.tvm_api import tvm
 from tuner.workloads import OPS, Workload, describe_ops, from_cli, parse_spec
 
 REPO = Path(__file__).resolve().parents[2]
@@ -168,7 +168,7 @@ def test_golden_keys(spec: dict, key: str) -> None:
 
 def test_golden_structural_hash() -> None:
     # shash() is TVM's structural hash of the normal form (tuner/workloads/identity.py): it
-    # depends on the pinned apache-tvm / tvm-ffi versions (tuner.tvm_api.REQUIRED). A failure
+    # depends on the pinned apache-tvm / tvm-ffi versions (tuner.core.tvm_api.REQUIRED). A failure
     # here after an upgrade means every stored workload row needs its shash recomputed.
     assert parse_spec({"op": "matmul", "shape": [512, 512, 512]}).shash() == "5e27380362110623"
 

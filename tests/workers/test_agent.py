@@ -81,7 +81,7 @@ def db_url(pg_url: str) -> str:
     from sqlalchemy import create_engine
     from sqlalchemy.pool import NullPool
 
-    from tuner.db.models import Base
+    from tuner.db.tables import Base
 
     engine = create_engine(pg_url, poolclass=NullPool)
     try:
@@ -312,7 +312,7 @@ def test_worker_process_measures_for_real_and_drains_on_sigterm(
         api: Api, store: Store, r: redis.Redis, redis_prefix: str, tmp_path: Path) -> None:
     """`tunefarm worker` as a process: a real candidate is built and timed in the sandbox
     (TVM_NUM_THREADS = the target's num-cores), posted, acked; SIGTERM exits 0."""
-    from tuner import tvm_api as tv
+    from tuner.core import tvm_api as tv
     from tuner.measure import MeasureOptions
     from tuner.workloads import parse_spec
 

@@ -68,7 +68,7 @@ def app(pg_url: str, redis_url: str, redis_prefix: str) -> Iterator[Any]:
     from fastapi.testclient import TestClient
 
     from api.app import create_app
-    from tuner.config import Settings
+    from tuner.core.config import Settings
 
     _reset_pg(pg_url)
     settings = Settings(database_url=pg_url, redis_url=redis_url, redis_prefix=redis_prefix,

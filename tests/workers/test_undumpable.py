@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from tuner.isolation import Limits
+from tuner.core.isolation import Limits
 
 # the "worker": drops to the unprivileged user (as the sandbox's late drop does: that user may
 # not reach this interpreter's files, so it starts as root and drops once imported), holds a
@@ -20,7 +20,7 @@ from tuner.isolation import Limits
 # tries to read the worker's environment
 PARENT = r"""
 import os, sys
-from tuner.isolation import Limits, undumpable
+from tuner.core.isolation import Limits, undumpable
 Limits(memory_mb=None, cpu_s=None, nproc=None, fsize_mb=None).drop_now()
 assert os.geteuid() != 0
 if sys.argv[1] == "protect":

@@ -1,6 +1,6 @@
-"""The worker's metrics (workers/metrics.py): every measurement counted by invalidity and timed
-(build and run), reclaimed and dead-lettered entries counted at the API client. The real worker
-process is scraped in tests/e2e/test_metrics.py."""
+"""The worker's metrics (workers/agent_metrics.py): every measurement counted by invalidity and
+timed (build and run), reclaimed and dead-lettered entries counted at the API client. The real
+worker process is scraped in tests/e2e/test_metrics.py."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tuner.measure import Invalidity, MeasureInput, Measurer, MeasureResult
-from workers import metrics
+from workers import agent_metrics as metrics
 
 OUTCOMES = {"a": (Invalidity.OK, 0.3), "b": (Invalidity.WRONG_ANSWER, 0.2),
             "c": (Invalidity.WORKER_LOST, None), "d": (Invalidity.BUILD_ERROR, None)}

@@ -4,7 +4,7 @@ app, the tuner service and the worker agent together, and the one that starts th
 - `common.py`: consoles, option types, argument parsing and error reporting the commands share;
 - `tune.py`: tune (the embedded search on this machine), best, records, spaces, db upgrade;
 - `service.py`: serve, tuner, worker, submit, up;
-- `remote.py`: jobs, follow, cancel (the service's jobs, through the API);
+- `service_jobs.py`: jobs, follow, cancel (the service's jobs, through the API);
 - `model.py`: tune-model, build, db export, db import;
 - `costmodel.py`: model status, model train (the farm's cost models);
 - `tokens.py`: token create/list/revoke, and the tokens `up` keeps and reuses.
@@ -20,8 +20,8 @@ import sys
 
 import typer
 
-from tuner import lean
-from tuner.cli import costmodel, model, remote, service, tokens, tune
+from tuner.cli import costmodel, model, service, service_jobs, tokens, tune
+from tuner.core import lean
 
 # the commands that read model files, which may need torch (`tuner.model.load`)
 TORCH_COMMANDS = frozenset({"tune-model", "build"})
@@ -55,9 +55,9 @@ app.command()(service.serve)
 app.command("tuner")(service.tuner_cmd)
 app.command()(service.worker)
 app.command()(service.submit)
-app.command()(remote.jobs)
-app.command()(remote.follow)
-app.command()(remote.cancel)
+app.command()(service_jobs.jobs)
+app.command()(service_jobs.follow)
+app.command()(service_jobs.cancel)
 app.command()(service.up)
 
 
@@ -69,7 +69,7 @@ def needs_torch(args: list[str]) -> bool:
 
 
 def main() -> None:
-    # `import tvm` imports torch whenever it is installed (`tuner.lean`): ~2 s and ~200 MB in
+    # `import tvm` imports torch whenever it is installed (`tuner.core.lean`): ~2 s and ~200 MB in
     # every CLI process (a tuner, a worker, the service) that never uses it
     if not needs_torch(sys.argv[1:]):
         lean.skip_unused()

@@ -15,8 +15,8 @@ import typer
 from rich.console import Console
 from rich.text import Text
 
-from tuner.config import get_settings
-from tuner.errors import TunefarmError
+from tuner.core.config import get_settings
+from tuner.core.errors import TunefarmError
 
 # no markup: what the commands print holds text from outside (shapes, target dicts, file and token
 # names, device keys, messages from the API), which rich would read as style tags ("[local]"
@@ -48,7 +48,7 @@ def open_store(db: str | None) -> Any:
 def workload_arg(op: str, shape: str | None, params: list[str] | None,
                  tvmscript: Path | None) -> Any:
     """The workload the command line names (op, --shape, -p key=value, --tvmscript)."""
-    from tuner.errors import SpecError
+    from tuner.core.errors import SpecError
     from tuner.workloads import from_cli, parse_spec
 
     if op == "tir":
@@ -75,12 +75,12 @@ def workload_arg(op: str, shape: str | None, params: list[str] | None,
 
 def target_arg(spec: str, *, runnable_here: bool = False) -> dict[str, Any]:
     """The target `--target` names, as a dict, checked against the allowlist the API applies
-    (`tuner.targets`); `runnable_here`: refuse one this machine cannot run (local tuning
+    (`tuner.core.targets`); `runnable_here`: refuse one this machine cannot run (local tuning
     measures here), `num-cores` above its cores included."""
-    from tuner import tvm_api as tv
-    from tuner.config import physical_cores
-    from tuner.errors import TargetError
-    from tuner.targets import MAX_CORES, check_target
+    from tuner.core import tvm_api as tv
+    from tuner.core.config import physical_cores
+    from tuner.core.errors import TargetError
+    from tuner.core.targets import MAX_CORES, check_target
 
     if spec.strip().startswith("{"):  # the API's allowlist, cores bounded by what runs it
         try:

@@ -10,7 +10,7 @@ import typer
 from rich.table import Table
 
 from tuner.cli.common import DbOpt, console, fail, open_store
-from tuner.errors import SpecError, TunefarmError
+from tuner.core.errors import SpecError, TunefarmError
 
 
 def _target_text(target_json: str) -> str:

@@ -13,9 +13,9 @@ from rich.table import Table
 from rich.text import Text
 
 from tuner.cli.common import DbOpt, TargetOpt, console, fail, fmt_s, open_store, target_arg
-from tuner.cli.remote import TERMINAL, TokenOpt, client_token
-from tuner.config import get_settings
-from tuner.errors import SpecError, TunefarmError
+from tuner.cli.service_jobs import TERMINAL, TokenOpt, client_token
+from tuner.core.config import get_settings
+from tuner.core.errors import SpecError, TunefarmError
 
 ModelArg = Annotated[Path, typer.Argument(
     help="A torch.export program (.pt2), a Python file with model() [and example_inputs()], "
@@ -57,10 +57,10 @@ def tune_model(
     this machine (run it again to go on after an interruption), or with --api on the service's
     farm (the tasks are extracted here; the service never sees the model file)."""
     from tuner.measure import MeasureOptions
+    from tuner.measure.local import LocalMeasurer
     from tuner.model.job import ModelProgress, ModelRequest, ModelTuner, vet_tasks
     from tuner.model.load import load_model
     from tuner.model.pipeline import extract, partition
-    from workers.local import LocalMeasurer
 
     s = get_settings()
     try:
@@ -190,7 +190,7 @@ def build(
 
             database = RemoteDatabase(api, client_token(token), device_key)
         else:
-            from tuner.db.ms_database import TunefarmDatabase
+            from tuner.interop.ms_database import TunefarmDatabase
 
             # the record `tunefarm best` and GET /v1/best show: the fastest by median time
             database = TunefarmDatabase(open_store(db), device_key, ranking="median")
@@ -225,7 +225,7 @@ def db_export(
 ) -> None:
     """Write every record as a MetaSchedule JSONDatabase (database_workload.json and
     database_tuning_record.json), which ms.database.JSONDatabase loads."""
-    from tuner.db.ms_json import export_metaschedule
+    from tuner.interop.ms_json import export_metaschedule
 
     if fmt != "metaschedule":
         fail(SpecError(f"unknown format {fmt!r}: only 'metaschedule'", field="format"))
@@ -244,7 +244,7 @@ def db_import(
     db: DbOpt = None,
 ) -> None:
     """Merge a MetaSchedule JSONDatabase directory: every record kept, none added twice."""
-    from tuner.db.ms_json import import_metaschedule
+    from tuner.interop.ms_json import import_metaschedule
 
     try:
         done = import_metaschedule(open_store(db), directory, device_key=device_key)

@@ -17,12 +17,12 @@ from typing import Annotated, Any
 import typer
 from rich.text import Text
 
-from tuner.cli import common, remote
+from tuner.cli import common, service_jobs
 from tuner.cli.common import DbOpt, TargetOpt, console, err, fail, open_store, target_arg
-from tuner.cli.remote import ApiOpt, TokenOpt, client_token
+from tuner.cli.service_jobs import ApiOpt, TokenOpt, client_token
 from tuner.cli.tokens import token_file, up_tokens
-from tuner.config import Settings, get_settings
-from tuner.errors import TunefarmError
+from tuner.core.config import Settings, get_settings
+from tuner.core.errors import TunefarmError
 
 RedisOpt = Annotated[str | None, typer.Option(
     "--redis", help="Redis URL (default: TUNEFARM_REDIS_URL).")]
@@ -38,7 +38,7 @@ MetricsHostOpt = Annotated[str | None, typer.Option(
 def _log_setup() -> None:
     """Service processes log to stderr, one line per event (TUNEFARM_LOG_LEVEL, default INFO), as
     text or as JSON objects with the job and trial ids (TUNEFARM_LOG_FORMAT=json)."""
-    from tuner import logs
+    from tuner.core import logs
 
     logs.setup(get_settings().log_format, os.environ.get("TUNEFARM_LOG_LEVEL", "INFO"))
 
@@ -82,8 +82,8 @@ def serve(
 def tuner_cmd(db: DbOpt = None, redis: RedisOpt = None, metrics_port: MetricsPortOpt = None,
               metrics_host: MetricsHostOpt = None) -> None:
     """Run search loops for queued jobs (several tuner processes may run)."""
-    from tuner.service import metrics
-    from tuner.service.runner import run_tuner
+    from workers import service_metrics as metrics
+    from workers.tuner_service import run_tuner
 
     _log_setup()
     s = _settings(db, redis)
@@ -116,7 +116,7 @@ def worker(
     """Measure candidates for a device key: on this machine (local mode), or on the boards of a
     TVM RPC tracker (--rpc-tracker). The worker needs only the API (--api) and a worker token:
     it takes its work, posts its results and heartbeats over HTTP (no Redis, no database)."""
-    from workers import metrics
+    from workers import agent_metrics as metrics
     from workers.agent import run_worker
 
     _log_setup()
@@ -137,7 +137,7 @@ def worker(
 
 
 def _host_port(text: str) -> tuple[str, int]:
-    from tuner.errors import SpecError
+    from tuner.core.errors import SpecError
 
     host, _, port = text.rpartition(":")
     if not host or not port.isdigit():
@@ -188,7 +188,7 @@ def submit(
     if not follow:
         sys.stdout.write(job["id"] + "\n")
         return
-    remote.finish(client, job)
+    service_jobs.finish(client, job)
 
 
 def _warn_without_workers(client: Any, device_key: str) -> None:

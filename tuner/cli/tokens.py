@@ -12,8 +12,8 @@ from typing import Annotated, Any
 import typer
 
 from tuner.cli.common import DbOpt, console, err, fail, open_store
-from tuner.config import get_settings, private_dir
-from tuner.errors import TunefarmError
+from tuner.core.config import get_settings, private_dir
+from tuner.core.errors import TunefarmError
 
 
 def token_file() -> Path:
@@ -41,7 +41,7 @@ def _saved_token(store: Any, path: Path, scope: str, device_key: str | None) -> 
     for a day more at least."""
     from datetime import timedelta
 
-    from tuner.db.models import utcnow
+    from tuner.db.tables import utcnow
     from tuner.db.tokens import Principal, check_token
 
     try:

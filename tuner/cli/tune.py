@@ -26,8 +26,8 @@ from tuner.cli.common import (
     target_arg,
     workload_arg,
 )
-from tuner.config import get_settings
-from tuner.errors import TunefarmError
+from tuner.core.config import get_settings
+from tuner.core.errors import TunefarmError
 
 
 def tune(
@@ -51,10 +51,10 @@ def tune(
     db: DbOpt = None,
 ) -> None:
     """Tune a workload on this machine; resumes the same job if it was interrupted."""
-    from tuner import tvm_api as tv
+    from tuner.core import tvm_api as tv
     from tuner.measure import MeasureOptions
+    from tuner.measure.local import LocalMeasurer
     from tuner.search import Tuner, TuneRequest
-    from workers.local import LocalMeasurer
 
     s = get_settings()
     try:
@@ -107,7 +107,7 @@ def best(
     db: DbOpt = None,
 ) -> None:
     """Print the best known schedule of a workload on a target."""
-    from tuner.records import best_record
+    from tuner.interop.records import best_record
 
     try:
         wl = workload_arg(op, shape, param, tvmscript)
@@ -134,7 +134,7 @@ def records(
     as_json: Annotated[bool, typer.Option("--json")] = False, db: DbOpt = None,
 ) -> None:
     """List tuning records, newest first (all workloads, or one)."""
-    from tuner.records import list_records
+    from tuner.interop.records import list_records
 
     try:
         wl = workload_arg(op, shape, param, tvmscript) if op else None
@@ -161,7 +161,7 @@ def spaces(
     workload (--shape, or --tvmscript for any PrimFunc): which templates apply to it on the
     target, their knobs for it, and why the others do not."""
     from schedules import registry
-    from tuner import tvm_api as tv
+    from tuner.core import tvm_api as tv
 
     if shape is not None or tvmscript is not None:
         try:

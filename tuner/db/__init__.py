@@ -1,16 +1,17 @@
-"""The SQL tuning database (SQLite or PostgreSQL) and its MetaSchedule adapter.
+"""The SQL tuning database (SQLite or PostgreSQL): jobs, workloads, records, tokens, workers.
 
-`tuner.db.ms_database.TunefarmDatabase` imports TVM; it is not imported here so that the
-database can be used without paying for `import tvm`.
+Its MetaSchedule adapter, `tuner.interop.ms_database.TunefarmDatabase`, replays traces and lives
+a layer up (`tuner.interop`); nothing here imports TVM, so the database can be used without
+paying for `import tvm`.
 """
 
 from __future__ import annotations
 
 from .catalog import register_workload
 from .engine import UPGRADE_COMMAND, normalize_url, target_key
-from .models import Base, JobState
 from .rows import JobRow, MeasuredRow, NewRecord, RecordRow, TargetRef, TrainingRow, WorkloadRow
 from .store import Store
+from .tables import Base, JobState
 
 __all__ = [
     "UPGRADE_COMMAND", "Base", "JobRow", "JobState", "MeasuredRow", "NewRecord", "RecordRow",

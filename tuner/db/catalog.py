@@ -2,7 +2,8 @@
 row comes to exist (the search loop, the API's resolver and the MetaSchedule adapter all use it).
 
 A workload row stores the canonical spec JSON (`spec_json()`), the structural hash of its module
-(16 hex digits, `tuner.tvm_api.shash_hex`) and the module itself (`tuner.tvm_api.save_json`), so
+(16 hex digits, `tuner.core.tvm_api.shash_hex`) and the module itself
+(`tuner.core.tvm_api.save_json`), so
 that any process can rebuild or match it. Registering is idempotent and race-free: the row of an
 existing key is returned unchanged.
 """
@@ -38,7 +39,7 @@ def register_workload(store: Store, wl: Registrable) -> int:
     row = store.workload_by_key(wl.key)
     if row is not None:
         return row.id
-    from .. import tvm_api as tv
+    from ..core import tvm_api as tv
 
     return store.ensure_workload(
         key=wl.key, op=wl.op, spec_json=wl.spec_json(), shash=wl.shash(),

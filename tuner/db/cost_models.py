@@ -15,8 +15,8 @@ import numpy as np
 from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError
 
-from ..measure import Invalidity
-from . import models as m
+from ..core.measurements import Invalidity
+from . import tables as m
 from .store import Store
 
 _LOST = Invalidity.WORKER_LOST.value

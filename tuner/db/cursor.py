@@ -18,7 +18,7 @@ from typing import Any, Protocol, TypeVar
 
 from sqlalchemy import Select, and_, or_
 
-from ..errors import SpecError
+from ..core.errors import SpecError
 
 MAX_CURSOR_CHARS = 512  # longer than any cursor handed out: larger input is rejected unread
 MAX_RECORD_ID = (1 << 63) - 1

@@ -10,8 +10,8 @@ from typing import Any
 
 from sqlalchemy import func, select
 
-from ..measure import Invalidity, gflops
-from . import models as m
+from ..core.measurements import Invalidity, gflops
+from . import tables as m
 from .store import Store
 
 POINT_COLUMNS = ("trial_id", "latency_s", "gflops", "invalidity", "worker", "build_s",

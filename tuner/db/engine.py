@@ -16,7 +16,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.pool import StaticPool
 
-from ..errors import DatabaseError
+from ..core.errors import DatabaseError
 
 UPGRADE_COMMAND = "tunefarm db upgrade"
 HERE = Path(__file__).resolve().parent

@@ -30,17 +30,17 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import and_, func, or_, select, text
 from sqlalchemy.orm import Session, aliased
 
-from ..errors import NotFound, QuotaExceeded
-from ..measure import Invalidity
+from ..core.errors import NotFound, QuotaExceeded
+from ..core.measurements import Invalidity
 from . import cursor as cursors
-from . import models as m
-from .models import JobState, utcnow
+from . import tables as m
 from .rows import JobRow, TargetRef
 from .store import Store
+from .tables import JobState, utcnow
 from .views import JobPublic, JobStats, RecordPublic
 
 if TYPE_CHECKING:
-    from ..config import Settings
+    from ..core.config import Settings
 
 LOCAL_OWNER = m.LOCAL_LEASE  # owner and lease_owner of jobs run by the embedded CLI (no tuner
 # takes them, whatever their state)
@@ -227,7 +227,7 @@ def create_job(store: Store, new: NewJob, *, settings: Settings | None = None) -
     guard = None
     if new.lease_owner != LOCAL_OWNER:
         if settings is None:
-            from ..config import get_settings
+            from ..core.config import get_settings
 
             settings = get_settings()
         quotas = Quotas.from_settings(settings)

@@ -31,14 +31,14 @@ from typing import Any
 from sqlalchemy import and_, exists, func, select
 from sqlalchemy.orm import Session
 
-from ..errors import NotFound
-from ..measure import Invalidity
+from ..core.errors import NotFound
+from ..core.measurements import Invalidity
 from . import cursor as cursors
-from . import models as m
+from . import tables as m
 from .jobs import ACTIVE, LOCAL_OWNER, JobOptions, job_key
-from .models import JobState, utcnow
 from .rows import TargetRef
 from .store import Store
+from .tables import JobState, utcnow
 
 _OK, _LOST = Invalidity.OK.value, Invalidity.WORKER_LOST.value
 

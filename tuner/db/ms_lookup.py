@@ -1,4 +1,4 @@
-"""Which stored workloads a module matches, for `TunefarmDatabase` (`tuner.db.ms_database`).
+"""Which stored workloads a module matches, for `TunefarmDatabase` (`tuner.interop.ms_database`).
 
 Three ways to match, cached per database instance and read again from the store on a miss
 (another process may have added a workload since):
@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..tvm_api import load_json, ms, shash_hex, structural_equal
+from ..core.tvm_api import load_json, ms, shash_hex, structural_equal
 from ..workloads.identity import identity_hash, normal_form
 from . import ms_queries as q
 from .store import Store

@@ -1,4 +1,4 @@
-"""The SQL behind `TunefarmDatabase` (`tuner.db.ms_database`): records as MetaSchedule's
+"""The SQL behind `TunefarmDatabase` (`tuner.interop.ms_database`): records as MetaSchedule's
 `Database` interface sees them, scoped by target or device key and ranked by the mean or the
 median run time, and workload hashes under MetaSchedule's module equalities.
 
@@ -13,8 +13,8 @@ from typing import Any, Literal
 
 from sqlalchemy import func, select
 
-from ..measure import Invalidity
-from . import models as m
+from ..core.measurements import Invalidity
+from . import tables as m
 from .rows import RecordRow, WorkloadRow
 from .store import Store
 

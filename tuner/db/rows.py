@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, NamedTuple
 
-from ..measure import Invalidity, MeasureInput, MeasureResult
-from . import models as m
+from ..core.measurements import Invalidity, MeasureInput, MeasureResult
+from . import tables as m
 
 
 def mean_of(samples: Sequence[float] | None) -> float | None:
@@ -194,7 +194,7 @@ class RecordRow:
     created_at: datetime
     measured_at: datetime
     predicted_s: float | None = None
-    trust: str = m.Trust.LOCAL.value  # `tuner.db.models.Trust`
+    trust: str = m.Trust.LOCAL.value  # `tuner.db.tables.Trust`
     confirms: str | None = None  # a confirmation: the trial it measured again
     confirmed_s: float | None = None  # a confirmed farm record: the slower median of the two
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from sqlalchemy import func, select, text
 from sqlalchemy.exc import SQLAlchemyError
 
-from . import models as m
+from . import tables as m
 from .engine import wrap_error
 from .store import Store
 

@@ -1,7 +1,8 @@
 """The tuning database: one `Store` over SQLite (default) or PostgreSQL.
 
 Every public method runs in its own short transaction through `Store.session()`, which commits,
-rolls back, and turns SQLAlchemy errors into `tuner.errors.DatabaseError` exactly once. The schema
+rolls back, and turns SQLAlchemy errors into `tuner.core.errors.DatabaseError` exactly once. The
+schema
 is managed by the Alembic migrations shipped in this package (`Store.upgrade()`).
 """
 
@@ -20,9 +21,9 @@ from sqlalchemy import ColumnElement, func, select
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
-from ..errors import DatabaseError, NotFound
-from ..measure import Invalidity
-from . import models as m
+from ..core.errors import DatabaseError, NotFound
+from ..core.measurements import Invalidity
+from . import tables as m
 from .engine import (
     PG_MIGRATION_LOCK,
     UPGRADE_COMMAND,
@@ -36,8 +37,8 @@ from .engine import (
     target_key,
     wrap_error,
 )
-from .models import JobState, utcnow
 from .rows import JobRow, MeasuredRow, NewRecord, RecordRow, TargetRef, TrainingRow, WorkloadRow
+from .tables import JobState, utcnow
 
 T = TypeVar("T")
 _CHUNK = 500  # rows per INSERT (SQLite allows 32766 bound parameters)
@@ -48,7 +49,7 @@ class Store:
 
     def __init__(self, url: str | None = None, *, auto_upgrade: bool = True) -> None:
         if url is None:
-            from ..config import get_settings
+            from ..core.config import get_settings
 
             url = get_settings().resolved_database_url()
         self.url = normalize_url(url)

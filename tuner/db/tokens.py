@@ -21,11 +21,11 @@ from typing import Any
 
 from sqlalchemy import select
 
-from ..errors import NotFound, SpecError
-from . import models as m
+from ..core.errors import NotFound, SpecError
+from . import tables as m
 from .jobs import LOCAL_OWNER
-from .models import utcnow
 from .store import Store
+from .tables import utcnow
 
 DEFAULT_EXPIRES_S = 90 * 86400  # a token's lifetime unless created with another (or none)
 MAX_EXPIRES_S = 10 * 365 * 86400

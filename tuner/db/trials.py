@@ -40,12 +40,12 @@ from typing import Any
 
 from sqlalchemy import func, select, update
 
-from ..errors import Conflict
-from ..measure import Invalidity, MeasureInput, MeasureResult
-from . import models as m
-from .models import utcnow
+from ..core.errors import Conflict
+from ..core.measurements import Invalidity, MeasureInput, MeasureResult
+from . import tables as m
 from .rows import NewRecord
 from .store import Store
+from .tables import utcnow
 
 # (issued column, the record's attribute, the posted field it comes from)
 _BOUND = (("job_id", "job_id", "input.context.job_id"),

@@ -5,7 +5,8 @@ OpenAPI document) and of the CLI's JSON output (`tunefarm best`, `tunefarm recor
 every field a response carries is declared here, and only here. A model is built from the
 immutable row (`tuner.db.rows`, `tuner.db.workers.WorkerRow`) plus what the row does not hold
 (`JobStats`, a record's workload and target), never from live ORM objects; this module runs no
-SQL (`tuner.db.jobs.job_view`, `tuner.records` gather the inputs). Timestamps are ISO 8601 text
+SQL (`tuner.db.jobs.job_view`, `tuner.interop.records` gather the inputs). Timestamps are ISO 8601
+text
 (`datetime.isoformat`).
 """
 
@@ -18,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, Field, field_validator
 
-from ..measure import gflops
+from ..core.measurements import gflops
 from .rows import JobRow, RecordRow
 
 if TYPE_CHECKING:
@@ -207,7 +208,7 @@ class RecordPublic(BaseModel):
                   noise_cv: float | None = None) -> dict[str, Any]:
         """The RecordPublic fields of a row (subclasses add their own to these)."""
         if noise_cv is None:
-            from ..config import get_settings
+            from ..core.config import get_settings
 
             noise_cv = get_settings().noise_cv
         return {
@@ -250,7 +251,8 @@ def shared_spec(spec: dict[str, Any]) -> dict[str, Any]:
 
 class BestPublic(RecordPublic):
     """The best record of a workload on a target: with the workload spec and the schedule as
-    Python (`tuner.records.best_record`, GET /v1/best). Shared by every user: a "tir" workload's
+    Python (`tuner.interop.records.best_record`, GET /v1/best). Shared by every user: a "tir"
+    workload's
     TVMScript text is left out (`shared_spec`)."""
 
     workload: dict[str, Any]

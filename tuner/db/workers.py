@@ -12,10 +12,10 @@ from typing import Any
 
 from sqlalchemy import select
 
-from ..errors import Forbidden, NotFound
-from . import models as m
-from .models import utcnow
+from ..core.errors import Forbidden, NotFound
+from . import tables as m
 from .store import Store
+from .tables import utcnow
 
 STATES = ("idle", "busy", "draining", "quarantined", "offline")
 

@@ -6,15 +6,15 @@ from __future__ import annotations
 import abc
 from typing import ClassVar, Self
 
-from .protocol import MeasureInput, MeasureResult
+from tuner.core.measurements import MeasureInput, MeasureResult
 
 
 class Measurer(abc.ABC):
     """Measures candidates: builds each `MeasureInput`'s program, verifies it against the
     workload's reference and times it, on whatever board the implementation stands for.
 
-    Implementations: `workers.local.LocalMeasurer` (this machine, in a sandbox process),
-    `workers.rpc.RpcMeasurer` (boards behind a TVM RPC tracker), `tuner.service.measurer.
+    Implementations: `tuner.measure.local.LocalMeasurer` (this machine, in a sandbox process),
+    `tuner.measure.rpc.RpcMeasurer` (boards behind a TVM RPC tracker), `tuner.measure.remote.
     RemoteMeasurer` (the farm, through Redis and the API), `tuner.measure.replay.ReplayMeasurer`
     (recorded results, no hardware). The contract every one of them keeps (and
     `tests/support/measurer_contract.py` checks):
@@ -32,7 +32,7 @@ class Measurer(abc.ABC):
         the budget and never trains the cost model.
     Exceptions are for the caller's process only.
         `measure_one` may raise when the run itself must stop, never for a candidate: e.g.
-        `tuner.errors.JobHandedOff` (the tuner is stopping; another resumes the job), or
+        `tuner.core.errors.JobHandedOff` (the tuner is stopping; another resumes the job), or
         `tuner.measure.replay.NotRecorded` (a replay asked for what it never recorded).
     `prepare(inputs)` is a hint.
         It sees a batch before its candidates are measured one by one, and may start work for

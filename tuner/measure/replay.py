@@ -23,10 +23,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from tuner.errors import NotFound
+from tuner.core.errors import NotFound
+from tuner.core.measurements import Invalidity, MeasureInput, MeasureResult
 
 from .measurer import Measurer
-from .protocol import Invalidity, MeasureInput, MeasureResult
 
 if TYPE_CHECKING:
     from tuner.db.rows import RecordRow

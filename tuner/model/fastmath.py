@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from ..tvm_api import relax, topi, tvm
+from ..core.tvm_api import relax, topi, tvm
 from .fixups import mutate_functions
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..tvm_api import relax, tvm
+from ..core.tvm_api import relax, tvm
 
 _COMPARISONS = frozenset(f"relax.{op}" for op in (
     "equal", "not_equal", "less", "less_equal", "greater", "greater_equal"))

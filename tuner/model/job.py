@@ -25,14 +25,14 @@ from typing import Any
 
 from schedules.registry import resolve
 
+from ..core.errors import JobHandedOff, TunefarmError
+from ..core.tvm_api import canonical_target_json, make_target
 from ..db import model_jobs
 from ..db.catalog import register_workload
 from ..db.jobs import LOCAL_OWNER, JobOptions
 from ..db.store import Store
-from ..errors import JobHandedOff, TunefarmError
 from ..measure import MeasureOptions, Measurer
 from ..search import Tuner, TuneRequest
-from ..tvm_api import canonical_target_json, make_target
 from ..workloads import Workload, parse_spec, prime_parser
 from .pipeline import ModelTask
 from .rounds import gradient_plan

@@ -23,8 +23,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ..errors import SpecError
-from ..tvm_api import relax_from_exported_program, tvm
+from ..core.errors import SpecError
+from ..core.tvm_api import relax_from_exported_program, tvm
 
 __all__ = ["from_torch", "load_model"]
 

@@ -10,7 +10,7 @@ tasks tuned are exactly the PrimFuncs the build looks up:
     extract     MetaSchedule's task extraction; tasks computing the same thing
                 (`tuner.workloads.identity`) merge, their call counts summed as the weight
     build       partition, MetaScheduleApplyDatabase with a `TunefarmDatabase`, the packing of
-                constant weights split out and folded (`tuner.prepack.mark_padded` for
+                constant weights split out and folded (`tuner.core.prepack.mark_padded` for
                 padded packings, SplitLayoutRewritePreproc, FoldConstant), then
                 `tvm.compile`. A task without a record keeps relax's default loops
                 (correct, slow); `build` names them.
@@ -21,8 +21,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ..prepack import mark_padded
-from ..tvm_api import make_target, ms, relax, tvm
+from ..core.prepack import mark_padded
+from ..core.tvm_api import make_target, ms, relax, tvm
 from ..workloads.bounds import clamp_data_dependent
 from ..workloads.identity import identity_hash
 from .fastmath import FastGelu

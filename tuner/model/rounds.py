@@ -6,7 +6,7 @@ stored rounds of each task."""
 from __future__ import annotations
 
 from ..db.model_jobs import Decision, RoundState
-from ..db.models import JobState
+from ..db.tables import JobState
 from .scheduler import GradientScheduler, TaskState
 
 BUDGET_SPENT = "budget spent"

@@ -14,7 +14,7 @@ class Keys:
 
     @classmethod
     def default(cls) -> Keys:
-        from tuner.config import get_settings
+        from tuner.core.config import get_settings
 
         return cls(get_settings().redis_prefix)
 

@@ -25,8 +25,8 @@ from typing import Any
 import numpy as np
 import xgboost as xgb
 
+from tuner.core.tvm_api import derived_object, ms, structural_hash
 from tuner.search import observe
-from tuner.tvm_api import derived_object, ms, structural_hash
 
 log = logging.getLogger(__name__)
 

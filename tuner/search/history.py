@@ -8,8 +8,8 @@ import logging
 from typing import Any
 
 from schedules.registry import replay
-from tuner import tvm_api as tv
-from tuner.config import get_settings
+from tuner.core import tvm_api as tv
+from tuner.core.config import get_settings
 from tuner.db import cost_models
 from tuner.db.rows import RecordRow, TargetRef
 from tuner.db.store import Store

@@ -42,14 +42,14 @@ from typing import Any
 import numpy as np
 
 from schedules.registry import resolve, search_strategy, space_generator
-from tuner import tvm_api as tv
-from tuner.config import get_settings
+from tuner.core import tvm_api as tv
+from tuner.core.config import get_settings
+from tuner.core.errors import JobHandedOff, TunefarmError
 from tuner.db.catalog import register_workload
 from tuner.db.jobs import LOCAL_OWNER, JobOptions, NewJob, create_job
-from tuner.db.models import JobState
 from tuner.db.rows import JobRow, TargetRef
 from tuner.db.store import NewRecord, Store
-from tuner.errors import JobHandedOff, TunefarmError
+from tuner.db.tables import JobState
 from tuner.measure import Invalidity, MeasureInput, Measurer, MeasureResult, gflops
 from tuner.search import farm_model, transfer
 from tuner.search.history import seed_database, trained_cost_model

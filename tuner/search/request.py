@@ -14,7 +14,7 @@ from tuner.workloads import Workload
 @dataclass(frozen=True)
 class TuneRequest:
     workload: Workload
-    target: dict[str, Any]  # canonical target dict (tuner.tvm_api.target_to_dict)
+    target: dict[str, Any]  # canonical target dict (tuner.core.tvm_api.target_to_dict)
     trials: int
     device_key: str = "local"
     space: str = "default"  # a template name, "auto", or "default" (best that applies)

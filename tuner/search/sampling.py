@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tuner import tvm_api as tv
+from tuner.core import tvm_api as tv
 
 
 def sample_space(strategy: Any, args_info: Any, n: int) -> list[Any]:

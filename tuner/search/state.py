@@ -8,8 +8,8 @@ from typing import Any
 
 import numpy as np
 
-from tuner.db.models import JobState
 from tuner.db.rows import TargetRef
+from tuner.db.tables import JobState
 from tuner.measure import MeasureInput
 from tuner.search.costmodel import XGBCostModel
 from tuner.search.request import TuneRequest

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from schedules.knobs import divisors
-from tuner import tvm_api as tv
+from tuner.core import tvm_api as tv
 from tuner.db import cost_models
 from tuner.db.rows import TargetRef
 from tuner.db.store import Store

@@ -1,7 +1,7 @@
 """Building blocks shared by every op: the `OpDef` registry entry, parameter definitions,
 validation helpers (each raises `SpecError` naming the offending field), keys and tolerances.
 
-Nothing here imports TVM; `OpDef.prim_func` imports `tuner.tvm_api` lazily so that validating a
+Nothing here imports TVM; `OpDef.prim_func` imports `tuner.core.tvm_api` lazily so that validating a
 spec (the API server, the CLI) stays cheap.
 """
 
@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import SpecError
+from ..core.errors import SpecError
 
 ArgSpec = tuple[str, tuple[int, ...], str]  # (name, shape, dtype)
 
@@ -190,7 +190,7 @@ class OpDef:
         return " ".join(parts)
 
     def prim_func(self, spec: dict[str, Any]) -> Any:
-        from ..tvm_api import te
+        from ..core.tvm_api import te
 
         assert self.compute is not None
         return te.create_prim_func(self.compute(spec)).with_attr("global_symbol", "main")

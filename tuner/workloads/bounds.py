@@ -24,7 +24,7 @@ __all__ = ["clamp_data_dependent", "dependent_vars", "depends_on_data", "proven_
 
 
 def _tvm() -> tuple[Any, Any]:
-    from ..tvm_api import tvm, tvm_ffi
+    from ..core.tvm_api import tvm, tvm_ffi
 
     return tvm, tvm_ffi
 

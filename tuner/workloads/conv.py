@@ -10,8 +10,8 @@ from typing import Any
 
 import numpy as np
 
-from ..config import get_settings
-from ..errors import SpecError
+from ..core.config import get_settings
+from ..core.errors import SpecError
 from .base import (
     DILATION,
     FLOAT_DTYPES,
@@ -91,7 +91,7 @@ def _conv_args(spec: dict[str, Any]) -> list[ArgSpec]:
 
 
 def _conv_compute(spec: dict[str, Any]) -> list[Any]:
-    from ..tvm_api import te, topi
+    from ..core.tvm_api import te, topi
 
     (_, dshape, dt), (_, kshape, _), _ = _conv_args(spec)
     data = te.placeholder(dshape, dt, name="data")
@@ -164,7 +164,7 @@ def _dw_args(spec: dict[str, Any]) -> list[ArgSpec]:
 
 
 def _dw_compute(spec: dict[str, Any]) -> list[Any]:
-    from ..tvm_api import te, topi
+    from ..core.tvm_api import te, topi
 
     (_, dshape, dt), (_, kshape, _), _ = _dw_args(spec)
     data = te.placeholder(dshape, dt, name="data")

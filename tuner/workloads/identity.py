@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..tvm_api import shash_hex, structural_equal, tvm, tvm_ffi
+from ..core.tvm_api import shash_hex, structural_equal, tvm, tvm_ffi
 
 KEPT_ATTRS = frozenset({"tirx.noalias", "s_tir"})
 INT32_MAX = 2**31 - 1

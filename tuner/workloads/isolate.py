@@ -38,10 +38,10 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
-from .. import lean
-from ..config import get_settings
-from ..errors import SpecError
-from ..isolation import Limits, child_env
+from ..core import lean
+from ..core.config import get_settings
+from ..core.errors import SpecError
+from ..core.isolation import Limits, child_env
 
 FIELD = "tvmscript"
 CHILD_MODULE = "tuner.workloads.parse_child"
@@ -153,7 +153,7 @@ def _parse_in_child(texts: list[str]) -> list[tuple[bool, Any]]:
 def _loaded(reply: Any) -> tuple[bool, Any]:
     """One text's result from the child's reply: the PrimFunc loaded from its TVM JSON (data:
     no Python of the submission runs here), or the rejection."""
-    from ..tvm_api import load_json, tvm
+    from ..core.tvm_api import load_json, tvm
 
     if not isinstance(reply, dict) or not reply.get("ok"):
         why = reply.get("error") if isinstance(reply, dict) else None
@@ -178,7 +178,7 @@ def in_dropped_sandbox() -> bool:
 
 
 def _parse_here(vetted: str) -> tuple[bool, Any]:
-    from ..tvm_api import prim_func_from_tvmscript
+    from ..core.tvm_api import prim_func_from_tvmscript
 
     try:
         return True, prim_func_from_tvmscript(vetted)

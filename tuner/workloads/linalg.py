@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import SpecError
+from ..core.errors import SpecError
 from .base import FLOAT_DTYPES, ArgSpec, OpDef, float_tolerance, integer_tolerance
 
 
@@ -28,7 +28,7 @@ def _matmul_args(spec: dict[str, Any]) -> list[ArgSpec]:
 
 
 def _matmul_compute(spec: dict[str, Any]) -> list[Any]:
-    from ..tvm_api import te
+    from ..core.tvm_api import te
 
     m, n, k = spec["shape"]
     dt = spec["dtype"]
@@ -77,7 +77,7 @@ def _dense_args(spec: dict[str, Any]) -> list[ArgSpec]:
 
 
 def _dense_compute(spec: dict[str, Any]) -> list[Any]:
-    from ..tvm_api import te, topi
+    from ..core.tvm_api import te, topi
 
     m, n, k = spec["shape"]
     dt = spec["dtype"]
@@ -111,7 +111,7 @@ def _bmm_args(spec: dict[str, Any]) -> list[ArgSpec]:
 
 
 def _bmm_compute(spec: dict[str, Any]) -> list[Any]:
-    from ..tvm_api import te, topi
+    from ..core.tvm_api import te, topi
 
     b, m, n, k = spec["shape"]
     dt = spec["dtype"]
@@ -158,7 +158,7 @@ def _dense_int8_args(spec: dict[str, Any]) -> list[ArgSpec]:
 
 
 def _dense_int8_compute(spec: dict[str, Any]) -> list[Any]:
-    from ..tvm_api import te, topi
+    from ..core.tvm_api import te, topi
 
     m, n, k = spec["shape"]
     x = te.placeholder((m, k), "uint8", name="X")
@@ -193,7 +193,7 @@ def _softmax_args(spec: dict[str, Any]) -> list[ArgSpec]:
 
 
 def _softmax_compute(spec: dict[str, Any]) -> list[Any]:
-    from ..tvm_api import te, topi
+    from ..core.tvm_api import te, topi
 
     x = te.placeholder(tuple(spec["shape"]), spec["dtype"], name="x")
     return [x, topi.nn.softmax(x, axis=-1)]

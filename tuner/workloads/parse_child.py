@@ -29,9 +29,9 @@ _WARM_UP = ('@T.prim_func\ndef f(A: T.Buffer((4,), "float32"), B: T.Buffer((4,),
 
 def handle(request: dict[str, Any]) -> dict[str, Any]:
     """Vet and parse `request["text"]`; the reply for the parent."""
-    from ..config import get_settings
-    from ..errors import SpecError
-    from ..tvm_api import prim_func_from_tvmscript, save_json
+    from ..core.config import get_settings
+    from ..core.errors import SpecError
+    from ..core.tvm_api import prim_func_from_tvmscript, save_json
     from .isolate import parser_error
     from .tvmscript import vet_tvmscript
 
@@ -55,19 +55,19 @@ def handle(request: dict[str, Any]) -> dict[str, Any]:
 def main(argv: list[str]) -> int:
     limits = [a.split("=", 1)[1] for a in argv[1:] if a.startswith("--limits=")]
     if limits:  # the parent's limits, before anything is imported or read
-        from ..isolation import Limits
+        from ..core.isolation import Limits
 
         Limits.from_json(limits[0]).apply_here()
     reply_fd = os.dup(1)
     os.dup2(2, 1)  # TVM's prints (and anything else) go to stderr
     sys.stdout = sys.stderr
-    from ..tvm_api import prim_func_from_tvmscript, save_json
+    from ..core.tvm_api import prim_func_from_tvmscript, save_json
 
     drop = [a.split("=", 1)[1] for a in argv[1:] if a.startswith("--drop=")]
     if drop:  # started as root with the limits set: imports and lazy imports first, then no root
         save_json(prim_func_from_tvmscript(_WARM_UP))
         handle({"text": _WARM_UP.replace("* T.float32(2)", "* q")})  # the error path too
-        from ..isolation import Limits
+        from ..core.isolation import Limits
 
         Limits(memory_mb=None, cpu_s=None, fsize_mb=None, user=drop[0]).drop_now()
     request = json.loads(sys.stdin.buffer.read().decode("utf-8"))

@@ -6,8 +6,8 @@ import math
 import re
 from typing import Any
 
-from ..config import get_settings
-from ..errors import SpecError
+from ..core.config import get_settings
+from ..core.errors import SpecError
 from .base import OpDef, positive_int, spec_key
 from .ops import OPS
 from .tir import parse_tir

@@ -39,8 +39,8 @@ from typing import Any
 
 import numpy as np
 
-from ..config import get_settings
-from ..errors import SpecError
+from ..core.config import get_settings
+from ..core.errors import SpecError
 from .base import ArgSpec, OpDef, float_tolerance, is_int
 from .bounds import (
     clamp_data_dependent,
@@ -101,7 +101,7 @@ def _check_compact(buf: Any, how: str) -> None:
 
 def _check_loop(node: Any) -> int:
     """The constant extent of a For; SpecError past the vectorize/unroll caps."""
-    from ..tvm_api import tvm
+    from ..core.tvm_api import tvm
 
     extent = _const(node.extent, "every loop extent")
     kind = int(node.kind)
@@ -118,7 +118,7 @@ def _count_iterations(stmt: Any, limit: int) -> int:
     """Sum over leaf statements of the product of the enclosing loop extents (whatever the leaf
     computes: a loop of no arithmetic runs too); checks loops (the product of nested unrolls:
     the code they expand to), and allocations (each buffer, and their total) on the way."""
-    from ..tvm_api import tvm
+    from ..core.tvm_api import tvm
 
     tirx = tvm.tirx
     cap = get_settings().max_tensor_elements
@@ -180,7 +180,7 @@ def check_data_independent(body: Any) -> None:
     `bounds.clamp_data_dependent` makes of a gather), or when a loop bound depends on one. Such
     an index is unchecked by the static out-of-bounds checker: the kernel could read or write
     anywhere."""
-    from ..tvm_api import tvm, tvm_ffi
+    from ..core.tvm_api import tvm, tvm_ffi
 
     tirx, load_t = tvm.tirx, tvm.ir.TensorLoad
     nodes: list[Any] = []
@@ -213,7 +213,7 @@ def check_data_independent(body: Any) -> None:
 
 
 def _flops(mod: Any, iterations: int) -> int:
-    from ..tvm_api import tvm
+    from ..core.tvm_api import tvm
 
     try:
         return round(float(tvm.s_tir.analysis.estimate_tir_flops(mod)))
@@ -222,7 +222,7 @@ def _flops(mod: Any, iterations: int) -> int:
 
 
 def parse_tir(spec: dict[str, Any]) -> ParsedTir:
-    from ..tvm_api import tvm
+    from ..core.tvm_api import tvm
     from .identity import identity_hash, narrow_index
 
     unknown = sorted(set(spec) - {"op", "tvmscript", "num_outputs"})
@@ -282,7 +282,7 @@ def _divisors(func: Any, inputs: list[ArgSpec]) -> tuple[int, ...]:
     """The float inputs that some division reads in its divisor (relax's batch norm divides by
     a per-channel constant): drawn away from zero by `Workload.make_inputs`, since a divisor
     near 0 turns the kernel's own rounding (a reordered sum) into a wrong answer."""
-    from ..tvm_api import tvm, tvm_ffi
+    from ..core.tvm_api import tvm, tvm_ffi
 
     divs: list[Any] = []
     tvm_ffi.structural_walk(func.body, [((tvm.tirx.Div,), divs.append)])
@@ -333,7 +333,7 @@ def run_reference(mod: Any, args: list[ArgSpec], inputs: list[np.ndarray],
                   fill: str = "zeros") -> list[np.ndarray]:
     """Build `mod` unscheduled for {"kind": "llvm"}, run it on `inputs` with its outputs filled
     as `output_fill` says, return the outputs."""
-    from ..tvm_api import tvm
+    from ..core.tvm_api import tvm
 
     ex = tvm.compile(mod, target={"kind": "llvm"})
     dev = tvm.cpu()

@@ -47,8 +47,8 @@ import threading
 import unicodedata
 from typing import Any
 
-from ..config import get_settings
-from ..errors import SpecError
+from ..core.config import get_settings
+from ..core.errors import SpecError
 from .isolate import parse_isolated, prime
 from .tvmscript_rules import (
     ALLOWED_BUILTINS,
@@ -383,7 +383,7 @@ def param_buffers(func: Any) -> list[tuple[str, list[int], str]]:
     """(name, constant shape, dtype) of every parameter; SpecError unless each one is a compact
     global T.Buffer with a constant shape. (In TVM 0.27 a PrimFunc has no buffer_map: buffer
     parameters are Vars whose type is a BufferType.)"""
-    from ..tvm_api import tvm
+    from ..core.tvm_api import tvm
 
     out = []
     for p in func.params:

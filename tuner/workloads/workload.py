@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import SpecError
+from ..core.errors import SpecError
 from .base import ArgSpec, canonical_json
 from .ops import OPS
 
@@ -61,7 +61,7 @@ class Workload:
 
     def mod(self) -> Any:
         if "mod" not in self._cache:
-            from ..tvm_api import tvm
+            from ..core.tvm_api import tvm
 
             self._cache["mod"] = tvm.IRModule({"main": self.prim_func()})
         return self._cache["mod"]

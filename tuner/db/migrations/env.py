@@ -9,7 +9,7 @@ from __future__ import annotations
 from alembic import context
 from sqlalchemy import Connection, create_engine, pool
 
-from tuner.db.models import Base
+from tuner.db.tables import Base
 
 config = context.config
 target_metadata = Base.metadata
@@ -19,7 +19,7 @@ def _url() -> str:
     url = config.get_main_option("sqlalchemy.url")
     if url:
         return url
-    from tuner.config import get_settings
+    from tuner.core.config import get_settings
     from tuner.db.engine import normalize_url
 
     return normalize_url(get_settings().resolved_database_url())
