@@ -58,15 +58,14 @@ def submit(ctx: ApiContext, body: JobCreate, idempotency_key: str | None,
     tgt = ctx.resolver.target(body.target)
     check_cores(ctx, tgt.as_dict, body.device_key)
     wl = ctx.resolver.workload(body.workload, who=principal.owner)
-    space = ctx.resolver.space(body.space, wl, tgt)
-    wid = ctx.resolver.workload_id(wl)
-    tref = ctx.resolver.target_ref(tgt, body.device_key)
+    task = ctx.resolver.task(wl, tgt, body.device_key, body.space)
     options = JobOptions.from_settings(ctx.settings, batch_size=body.batch_size, seed=body.seed,
                                        early_stop=body.early_stop)
     started = utcnow()
     job = jobs_db.create_job(ctx.store, NewJob(
-        workload_id=wid, workload_key=wl.key, target=tref, space=space, trials=body.trials,
-        options=options, wall_budget_s=body.wall_budget_s, state=JobState.QUEUED,
+        workload_id=task.workload_id, workload_key=wl.key, target=task.target_ref,
+        space=task.space, trials=body.trials, options=options,
+        wall_budget_s=body.wall_budget_s, state=JobState.QUEUED,
         idempotency_key=idempotency_key, request_hash=rhash, owner=principal.owner),
         settings=ctx.settings)
     if idempotency_key is not None and job.request_hash != rhash:
@@ -80,7 +79,8 @@ def submit(ctx: ApiContext, body: JobCreate, idempotency_key: str | None,
         except (redis.RedisError, OSError) as exc:  # SQL has it: tuners also claim from SQL
             log.warning("job %s stored but not enqueued (Redis: %s)", job.id, exc)
         events.publish(ctx.sync_redis, ctx.keys, job.id, "state", {"state": str(job.state)})
-        log.info("job %s submitted: %s on %s, %d trials", job.id, wl.key, tref.key, body.trials)
+        log.info("job %s submitted: %s on %s, %d trials", job.id, wl.key, task.target_ref.key,
+                 body.trials)
     return Submitted(job, created)
 
 

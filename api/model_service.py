@@ -66,10 +66,10 @@ def submit(ctx: ApiContext, body: ModelCreate, idempotency_key: str | None,
     tgt = ctx.resolver.target(body.target)
     check_cores(ctx, tgt.as_dict, body.device_key)
     workloads = _workloads(ctx, body.tasks, principal.owner)
-    spaces = [ctx.resolver.space(body.space, wl, tgt) for wl in workloads]
-    tref = ctx.resolver.target_ref(tgt, body.device_key)
-    tasks = [NewTask(t.name, t.weight, ctx.resolver.workload_id(wl), wl.key, space)
-             for t, wl, space in zip(body.tasks, workloads, spaces, strict=True)]
+    resolved = ctx.resolver.tasks(workloads, tgt, body.device_key, body.space)
+    tref = ctx.resolver.target_ref(tgt, body.device_key)  # memoized: the tasks' own
+    tasks = [NewTask(t.name, t.weight, r.workload_id, r.workload.key, r.space)
+             for t, r in zip(body.tasks, resolved, strict=True)]
     started = utcnow()
     model = model_jobs.create_model(ctx.store, NewModel(
         name=body.name, owner=principal.owner, target=tref, space=body.space,

@@ -25,10 +25,10 @@ from schedules import registry
 from tuner.core import tvm_api as tv
 from tuner.core.errors import Forbidden, NotFound, SpecError
 from tuner.core.targets import check_target
-from tuner.db.catalog import register_workload
 from tuner.db.engine import target_key
 from tuner.db.rows import TargetRef
 from tuner.db.store import Store
+from tuner.search.task import CanonicalTarget, TaskResolver
 from tuner.workloads import Workload, parse_spec
 
 from .parsegate import ParseGate
@@ -70,18 +70,11 @@ class LRU(Generic[K, V]):
 
 
 @dataclass(frozen=True)
-class ResolvedTarget:
-    target: Any  # tvm.target.Target
-    as_dict: dict[str, Any]  # canonical (tuner.core.tvm_api.target_to_dict)
-    json: str  # canonical JSON (what the targets table stores)
-
-
-@dataclass(frozen=True)
 class BestKey:
     """What GET /v1/best needs, resolved from its raw query values."""
 
     workload: Workload
-    target: ResolvedTarget
+    target: CanonicalTarget
     device_key: str
     target_key: str
 
@@ -99,12 +92,15 @@ def _digest(value: Any) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-class Resolver:
+class Resolver(TaskResolver):
+    """The API's `TaskResolver`: each step of a job's setup memoized, and the request values
+    (a workload spec, a target) parsed and checked once."""
+
     def __init__(self, store: Store, gate: ParseGate | None = None) -> None:
-        self.store = store
+        super().__init__(store)
         self.gate = gate or ParseGate(slots=2, queue=8, wait_s=10.0, per_min=0)
         self._workloads: LRU[str, Workload] = LRU(1024)
-        self._targets: LRU[str, ResolvedTarget] = LRU(256)
+        self._targets: LRU[str, CanonicalTarget] = LRU(256)
         self._spaces: LRU[tuple[str, str, str], str] = LRU(4096)
         self._workload_ids: LRU[str, int] = LRU(4096)
         self._target_refs: LRU[tuple[str, str], TargetRef] = LRU(1024)
@@ -133,34 +129,34 @@ class Resolver:
         with self.gate.admit(who):
             return self._workloads.put(digest, parse_spec(spec))
 
-    def target(self, spec: str | dict[str, Any]) -> ResolvedTarget:
+    def target(self, spec: str | dict[str, Any]) -> CanonicalTarget:
         """A target from a request: "host" (this API's CPU), or a dict (or its JSON text) that
         passes the allowlist (`tuner.core.targets.check_target`) and then TVM."""
-        def make() -> ResolvedTarget:
+        def make() -> CanonicalTarget:
             value: Any = spec
             if isinstance(value, str) and value.strip().startswith("{"):
                 with contextlib.suppress(json.JSONDecodeError):  # make_target names the error
                     value = json.loads(value)
             if isinstance(value, dict):
                 check_target(value)
-            tgt = tv.make_target(value)
-            return ResolvedTarget(tgt, tv.target_to_dict(tgt), tv.canonical_target_json(tgt))
+            return CanonicalTarget.of(tv.make_target(value))
 
         raw = spec.strip() if isinstance(spec, str) else spec
         return self._targets.get_or(_digest(raw), make)
 
-    def space(self, name: str, wl: Workload, tgt: ResolvedTarget) -> str:
-        return self._spaces.get_or((name, wl.key, tgt.json),
-                                   lambda: registry.resolve(name, wl, tgt.target))
+    def space(self, name: str, workload: Workload, target: CanonicalTarget) -> str:
+        return self._spaces.get_or((name, workload.key, target.json),
+                                   lambda: super(Resolver, self).space(name, workload, target))
 
     # --- SQL ids ----------------------------------------------------------------------------
 
-    def workload_id(self, wl: Workload) -> int:
-        return self._workload_ids.get_or(wl.key, lambda: register_workload(self.store, wl))
+    def workload_id(self, workload: Workload) -> int:
+        return self._workload_ids.get_or(
+            workload.key, lambda: super(Resolver, self).workload_id(workload))
 
-    def target_ref(self, tgt: ResolvedTarget, device_key: str) -> TargetRef:
-        return self._target_refs.get_or((tgt.json, device_key),
-                                        lambda: self.store.ensure_target(tgt.json, device_key))
+    def target_ref(self, target: CanonicalTarget, device_key: str) -> TargetRef:
+        return self._target_refs.get_or(
+            (target.json, device_key), lambda: super(Resolver, self).target_ref(target, device_key))
 
     def target_by_id(self, target_id: int) -> TargetRef | None:
         ref = self._target_keys.get(target_id)

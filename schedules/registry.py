@@ -119,8 +119,10 @@ def generates(name: str, workload: Workload, target: Any) -> bool:
 
 
 def space_generator(name: str, workload: Workload, target: Any) -> Any:
-    """The MetaSchedule SpaceGenerator (or its shorthand) for space `name` (already resolved)."""
-    name = resolve(name, workload, target)
+    """The MetaSchedule SpaceGenerator (or its shorthand) for space `name`, already resolved
+    (`resolve`, once per job: `tuner.search.task`); "default" is resolved here."""
+    if name == "default":
+        name = resolve(name, workload, target)
     if name == "auto":
         return "post-order-apply"
     return TEMPLATES[name].space(workload, target)

@@ -55,6 +55,7 @@ from tuner.measure.watch import WorkerWatch
 from tuner.model.rounds import gradient_plan
 from tuner.queue import Keys, events, mark_cancelled, streams
 from tuner.search import Progress, Tuner, TuneRequest
+from tuner.search.task import CanonicalTarget, ResolvedTask, TaskResolver
 from tuner.workloads import parse_spec
 from workers import service_metrics as metrics
 
@@ -65,20 +66,25 @@ BUDGET_REACHED = "wall-clock budget reached"
 
 
 def tune_request(store: Store, job: JobRow, settings: Settings) -> TuneRequest:
-    """The TuneRequest of a stored job (workload spec, target, trials, space, options); the
+    """The TuneRequest of a stored job (its resolved task, trials, options); the
     measurement protocol is the settings' (`MeasureOptions.from_settings`), as in `tunefarm
     tune`."""
     wrow = store.get_workload(job.workload_id)
     tref = store.get_target(job.target_id)
     if wrow is None or tref is None:
         raise LookupError(f"job {job.id} names a workload or target that does not exist")
-    target = json.loads(tref.target_json)
+    target = CanonicalTarget.of(json.loads(tref.target_json))
+    workload = parse_spec(json.loads(wrow.spec_json))
     opts = JobOptions.from_stored(job.options or {}, settings)
+    # the job's rows are its task (registered where it was submitted); its space is checked
+    # against this process's templates, as the loop would (a resolved name stays itself)
+    space = TaskResolver(store).space(job.space, workload, target)
+    task = ResolvedTask(workload, job.workload_id, target, tref, space)
     return TuneRequest(
-        workload=parse_spec(json.loads(wrow.spec_json)), target=target, trials=job.trials,
-        device_key=tref.device_key, space=job.space, batch_size=opts.batch_size,
+        workload=workload, target=target.as_dict, trials=job.trials,
+        device_key=tref.device_key, space=space, batch_size=opts.batch_size,
         early_stop=opts.early_stop, seed=opts.seed,
-        options=MeasureOptions.from_settings(settings, target), job_id=job.id)
+        options=MeasureOptions.from_settings(settings, target.as_dict), job_id=job.id, task=task)
 
 
 @dataclass

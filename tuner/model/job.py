@@ -23,16 +23,13 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
-from schedules.registry import resolve
-
 from ..core.errors import JobHandedOff, TunefarmError
-from ..core.tvm_api import canonical_target_json, make_target
 from ..db import model_jobs
-from ..db.catalog import register_workload
 from ..db.jobs import LOCAL_OWNER, JobOptions
 from ..db.store import Store
 from ..measure import MeasureOptions, Measurer
 from ..search import Tuner, TuneRequest
+from ..search.task import CanonicalTarget, ResolvedTask, TaskResolver
 from ..workloads import Workload, parse_spec, prime_parser
 from .pipeline import ModelTask
 from .rounds import gradient_plan
@@ -149,6 +146,7 @@ class ModelTuner:
     def __init__(self, store: Store, measurer: Measurer, *,
                  on_progress: Callable[[ModelProgress], None] | None = None) -> None:
         self.store, self.measurer = store, measurer
+        self._resolved: dict[str, ResolvedTask] = {}  # workload key -> its task (`_create`)
         self.on_progress = on_progress or (lambda _p: None)
 
     def run(self, req: ModelRequest) -> ModelSummary:
@@ -178,10 +176,12 @@ class ModelTuner:
             if job is None or task is None:
                 raise TunefarmError(f"model job {model.id}: no task job {step.job_id!r}")
             try:
+                # the task's space as its model job stored it (a resumed model keeps its own)
+                resolved = replace(self._resolved[workloads[task.idx].key], space=task.space)
                 summary = tuner.run(TuneRequest(
-                    workload=workloads[task.idx], target=req.target, trials=job.trials,
-                    device_key=req.device_key, space=task.space, batch_size=req.batch_size,
-                    seed=req.seed, options=req.options, job_id=job.id))
+                    workload=resolved.workload, target=req.target, trials=job.trials,
+                    device_key=req.device_key, space=resolved.space, batch_size=req.batch_size,
+                    seed=req.seed, options=req.options, job_id=job.id, task=resolved))
                 done = f"+{summary.measured_now} trials ({summary.stop_reason})"
             except (JobHandedOff, KeyboardInterrupt):
                 raise
@@ -199,12 +199,13 @@ class ModelTuner:
 
     def _create(self, req: ModelRequest, workloads: list[Workload]) -> model_jobs.ModelRow:
         """The model job of `req` (resumed if this machine ran it before)."""
-        target = make_target(req.target)
-        tref = self.store.ensure_target(canonical_target_json(target), req.device_key)
-        tasks = [model_jobs.NewTask(t.name, t.weight, register_workload(self.store, wl), wl.key,
-                                    resolve(req.space, wl, target))
-                 for t, wl in zip(req.tasks, workloads, strict=True)]
+        resolved = TaskResolver(self.store).tasks(
+            workloads, CanonicalTarget.of(req.target), req.device_key, req.space)
+        self._resolved = {r.workload.key: r for r in resolved}
+        tasks = [model_jobs.NewTask(t.name, t.weight, r.workload_id, r.workload.key, r.space)
+                 for t, r in zip(req.tasks, resolved, strict=True)]
         return model_jobs.create_model(self.store, model_jobs.NewModel(
-            name=req.name, owner=LOCAL_OWNER, target=tref, space=req.space, trials=req.trials,
+            name=req.name, owner=LOCAL_OWNER, target=resolved[0].target_ref, space=req.space,
+            trials=req.trials,
             round_trials=req.round_trials, options=JobOptions(req.batch_size, req.seed),
             tasks=tasks, resume=True, max_trials_per_task=req.max_trials_per_task))

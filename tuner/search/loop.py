@@ -41,11 +41,10 @@ from typing import Any
 
 import numpy as np
 
-from schedules.registry import resolve, search_strategy, space_generator
+from schedules.registry import search_strategy, space_generator
 from tuner.core import tvm_api as tv
 from tuner.core.config import get_settings
 from tuner.core.errors import JobHandedOff, TunefarmError
-from tuner.db.catalog import register_workload
 from tuner.db.jobs import LOCAL_OWNER, JobOptions, NewJob, create_job
 from tuner.db.rows import JobRow, TargetRef
 from tuner.db.store import NewRecord, Store
@@ -56,6 +55,7 @@ from tuner.search.history import seed_database, trained_cost_model
 from tuner.search.request import Progress, TuneRequest, TuneSummary, trial_id
 from tuner.search.sampling import interleave, sample_space
 from tuner.search.state import Best, Pick, Run, Search
+from tuner.search.task import CanonicalTarget, ResolvedTask, TaskResolver
 
 log = logging.getLogger(__name__)
 
@@ -78,11 +78,15 @@ class Tuner:
         self.max_dup_batches = max_dup_batches
 
     # ------------------------------------------------------------------ setup
-    def _register(self, req: TuneRequest) -> tuple[int, TargetRef, Any]:
-        wid = register_workload(self.store, req.workload)
-        target = tv.make_target(req.target)
-        tref = self.store.ensure_target(tv.canonical_target_json(target), req.device_key)
-        return wid, tref, target
+    def _task(self, req: TuneRequest) -> ResolvedTask:
+        """The request's resolved task: handed down, or made here (a bad space fails before
+        any job exists; the job is keyed by the resolved space)."""
+        if req.task is not None:
+            if req.task.workload.key != req.workload.key:
+                raise TunefarmError("the request's task is not its workload's")
+            return req.task
+        return TaskResolver(self.store).task(req.workload, CanonicalTarget.of(req.target),
+                                             req.device_key, req.space)
 
     def _job(self, req: TuneRequest, wid: int, tref: TargetRef) -> JobRow:
         """The service's job (`req.job_id`), or the embedded CLI's: created through
@@ -128,9 +132,9 @@ class Tuner:
         """The job of `req` (found, resumed or created) with its committed trials counted, and
         RUNNING; or `over` (cancelled, budget already spent) in its final state."""
         t0 = time.monotonic()
-        wid, tref, target = self._register(req)
-        # a bad space fails here, before any job exists; the job is keyed by the resolved space
-        req = replace(req, space=resolve(req.space, req.workload, target))
+        task = self._task(req)
+        wid, tref, target = task.workload_id, task.target_ref, task.target.target
+        req = replace(req, space=task.space, task=task)
         space = space_generator(req.space, req.workload, target)
         job = self._job(req, wid, tref)
         done = sum(1 for r in self.store.records(job_id=job.id)

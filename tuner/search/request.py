@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tuner.measure import MeasureOptions, MeasureResult
 from tuner.workloads import Workload
+
+if TYPE_CHECKING:
+    from tuner.search.task import ResolvedTask
 
 
 @dataclass(frozen=True)
@@ -24,6 +27,9 @@ class TuneRequest:
     fresh: bool = False  # start a new job instead of resuming the last one
     options: MeasureOptions = field(default_factory=MeasureOptions)
     job_id: str | None = None  # service: run exactly this (queued or resumed) job
+    # the workload, target and space already registered and resolved (`tuner.search.task`):
+    # handed down by whoever made it; without it the loop resolves the fields above itself
+    task: ResolvedTask | None = None
 
 
 @dataclass(frozen=True)
