@@ -283,3 +283,17 @@ def test_a_failing_evolution_falls_back_to_sampling(db: Store, monkeypatch: pyte
     job = db.get_job(done.job_id)
     assert job is not None and job.state is JobState.SUCCEEDED
     assert "the evolutionary search failed" in caplog.text
+
+
+def test_a_first_run_reports_no_candidate_as_already_measured(db: Store) -> None:
+    """On an empty database nothing was measured before the run: what the evolutionary search
+    proposes again after this run measured it is counted as proposed again, not as skipped
+    (the CLI's "skipped (already measured)" read 3-7 on a first run), and a second run of the
+    same job counts the first run's candidates as measured before."""
+    spec, target = case_for("gemm-x86")
+    first = Tuner(db, ReplayMeasurer(fallback=Synthetic())).run(_req(spec, target, "gemm-x86", 40))
+    assert first.skipped_duplicates == 0
+    assert first.reproposed > 0, "the search re-proposed nothing: the case no longer shows it"
+    again = Tuner(db, ReplayMeasurer(fallback=Synthetic())).run(
+        _req(spec, target, "gemm-x86", 40, fresh=True))
+    assert again.skipped_duplicates > 0

@@ -91,6 +91,7 @@ def tune(
                  ("trials in job", f"{summary.trials_done}/{trials}"),
                  ("measured now", str(summary.measured_now)),
                  ("skipped (already measured)", str(summary.skipped_duplicates)),
+                 ("proposed again (dropped)", str(summary.reproposed)),
                  ("outcomes", ", ".join(f"{k}={v}" for k, v in sorted(summary.counts.items()))),
                  ("best latency", fmt_s(summary.best_s)),
                  ("best GFLOPS", f"{summary.best_gflops:.1f}" if summary.best_gflops else "-"),

@@ -183,8 +183,9 @@ class Tuner:
             related = [t.cand for t in transfer.candidates(
                 self.store, run.tref, run.wid, req.space, ctx, args_info,
                 transfer.share(req.batch_size), flops=req.workload.flops)]
+        before = frozenset(self.store.measured(run.wid, run.tref.id))
         return Search(ctx=ctx, strategy=strategy, model=model, memdb=memdb, token=token,
-                      args_info=args_info, measured=set(self.store.measured(run.wid, run.tref.id)),
+                      args_info=args_info, measured=set(before), measured_before=before,
                       related=related)
 
     def _propose(self, run: Run, search: Search) -> list[Pick] | None:
@@ -221,8 +222,10 @@ class Tuner:
         seen: set[str] = set()
         for c in cands:
             h = tv.shash_hex(c.sch.mod)
-            if h in search.measured:
-                run.dups += 1  # measured before (this job or the database): skipped
+            if h in search.measured_before:
+                run.dups += 1  # measured before this run (this job or the database): skipped
+            elif h in search.measured:
+                run.reproposed += 1  # the search proposed again what this run measured
             elif h not in seen:  # the same program proposed twice in one batch: once
                 fresh.append((c, h))
                 seen.add(h)
@@ -358,6 +361,7 @@ class Tuner:
         return TuneSummary(
             job_id=run.job_id, workload_key=run.req.workload.key, target_key=run.tref.key,
             trials_done=run.done, measured_now=run.measured_now, skipped_duplicates=run.dups,
+            reproposed=run.reproposed,
             stop_reason=run.stop, wall_s=time.monotonic() - run.t0,
             best_trial=best.trial_id if best else None,
             best_s=best.median_s if best else None,

@@ -50,13 +50,14 @@ class TuneSummary:
     target_key: str
     trials_done: int
     measured_now: int
-    skipped_duplicates: int
+    skipped_duplicates: int  # proposals measured before this run (this job or the database)
     stop_reason: str
     wall_s: float
     best_trial: str | None
     best_s: float | None
     best_gflops: float | None
     counts: dict[str, int]
+    reproposed: int = 0  # proposals the search made again after this run measured them
 
 
 def trial_id(job_id: str, cand_hash: str) -> str:

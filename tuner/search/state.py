@@ -38,7 +38,8 @@ class Run:
     best: Best | None  # the fastest valid record of the workload on the target (any job)
     best_at: int  # `done` when the best was found (early stopping)
     measured_now: int = 0
-    dups: int = 0  # proposals dropped as already measured
+    dups: int = 0  # proposals dropped as measured before this run (this job or the database)
+    reproposed: int = 0  # proposals dropped as measured earlier in this run
     over: bool = False  # nothing to measure: `_start` left the job in its final state
     stop: str = "budget reached"
     final: JobState = JobState.SUCCEEDED
@@ -56,6 +57,7 @@ class Search:
     token: Any  # the workload's token in `memdb`
     args_info: Any
     measured: set[str]
+    measured_before: frozenset[str]  # `measured` when the run started
     related: list[Any]  # the first batch's head: schedules of related workloads (transfer)
     dup_batches: int = 0  # batches in a row with nothing new
     evolves: bool = True  # False once TVM's evolution failed on this program: sample instead
