@@ -16,7 +16,7 @@ from ..deps import CtxDep, UserDep
 from ..job_service import list_owner
 from ..schemas import ModelCreate, ModelPage, Problem
 from . import V1
-from .job_service import CURSOR, IDEMPOTENCY_KEY, PAGED
+from .jobs import CURSOR, IDEMPOTENCY_KEY, PAGED
 
 router = APIRouter(prefix=f"{V1}/models", tags=["models"])
 

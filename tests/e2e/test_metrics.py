@@ -48,6 +48,7 @@ def scrape(url: str) -> tuple[dict[str, str], Samples]:
     types, samples = {}, {}
     for fam in text_string_to_metric_families(resp.text):
         types[fam.name] = fam.type
+        assert not [s.name for s in fam.samples if s.name.endswith("_created")], fam.name
         for s in fam.samples:
             samples[(s.name, tuple(sorted(s.labels.items())))] = s.value
     return types, samples

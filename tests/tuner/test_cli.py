@@ -17,6 +17,7 @@ import pytest
 
 from tests.support.targets import RUN_X86
 from tuner.db import JobState, Store
+from tuner.measure import Invalidity
 
 TARGET = json.dumps(RUN_X86)
 
@@ -155,6 +156,14 @@ def test_sigkill_loses_no_record_and_the_rerun_resumes(db_url: str, tmp_path: Pa
 
     listed = run(["records", "--json", "--limit", "3", "--db", db_url], tmp_path)
     assert listed.returncode == 0 and len(json.loads(listed.stdout)) == 3
+    # filtered by job and result: this job's valid records, none of another job
+    valid = [r for r in after if r.invalidity == Invalidity.OK and r.median_s is not None]
+    mine = run(["records", "--json", "--limit", "50", "--job", job_id, "--ok", "--db", db_url],
+               tmp_path)
+    assert mine.returncode == 0, mine.stderr
+    assert {r["trial_id"] for r in json.loads(mine.stdout)} == {r.trial_id for r in valid}
+    none = run(["records", "--json", "--job", "no-such-job", "--db", db_url], tmp_path)
+    assert none.returncode == 0 and json.loads(none.stdout) == []
     store.close()
 
 

@@ -46,7 +46,8 @@ def tune_model(
     device_key: Annotated[str, typer.Option(help="Board class measured on.")] = "local",
     seed: Annotated[int | None, typer.Option(help="Search seed.")] = None,
     wall_budget_s: Annotated[float | None, typer.Option(
-        min=1, help="Start no new round after this many seconds.")] = None,
+        "--wall-budget-s", "--wall-budget", min=1,
+        help="Start no new round after this many seconds.")] = None,
     fast_math: FastMathOpt = False,
     db: DbOpt = None,
     api: ServiceOpt = None, token: TokenOpt = None,

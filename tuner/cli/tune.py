@@ -132,14 +132,16 @@ def records(
     op: Annotated[str | None, typer.Argument()] = None, shape: ShapeOpt = None,
     param: ParamOpt = None, tvmscript: ScriptOpt = None,
     limit: Annotated[int, typer.Option(min=1)] = 20,
+    job: Annotated[str | None, typer.Option(help="Only the records of this job.")] = None,
+    ok: Annotated[bool, typer.Option("--ok", help="Only valid measurements.")] = False,
     as_json: Annotated[bool, typer.Option("--json")] = False, db: DbOpt = None,
 ) -> None:
-    """List tuning records, newest first (all workloads, or one)."""
+    """List tuning records, newest first (all workloads, or one; of one job; valid only)."""
     from tuner.interop.records import list_records
 
     try:
         wl = workload_arg(op, shape, param, tvmscript) if op else None
-        rows = list_records(open_store(db), wl, limit=limit)
+        rows = list_records(open_store(db), wl, limit=limit, job_id=job, only_ok=ok)
     except TunefarmError as exc:
         fail(exc)
     if as_json:

@@ -17,10 +17,19 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    disable_created_metrics,
+    generate_latest,
+)
 
 from tuner.core.config import Settings
 from tuner.core.errors import TunefarmError
+
+# no `<counter>_created` series (a timestamp per counter and histogram, twice the series for
+# nothing a dashboard uses); counters made after this import, by any module, leave them out
+disable_created_metrics()
 
 log = logging.getLogger(__name__)
 

@@ -60,9 +60,10 @@ def best_record(store: Store, workload: Workload, target: dict[str, Any],
     return rec.model_dump(mode="json")
 
 
-def list_records(store: Store, workload: Workload | None = None, *,
-                 limit: int = 20) -> list[dict[str, Any]]:
-    """Newest records first (each a `ListedRecord`), of one workload or of all."""
+def list_records(store: Store, workload: Workload | None = None, *, limit: int = 20,
+                 job_id: str | None = None, only_ok: bool = False) -> list[dict[str, Any]]:
+    """Newest records first (each a `ListedRecord`), of one workload or of all; of one job
+    (`job_id`); valid ones only (`only_ok`)."""
     wid = None
     if workload is not None:
         wrow = store.workload_by_key(workload.key)
@@ -72,7 +73,8 @@ def list_records(store: Store, workload: Workload | None = None, *,
     workloads: dict[int, WorkloadRow] = {}
     targets: dict[int, TargetRef] = {}
     out = []
-    for row in store.records(workload_id=wid, order="newest", limit=limit):
+    for row in store.records(workload_id=wid, job_id=job_id, only_ok=only_ok, order="newest",
+                             limit=limit):
         w = workloads.get(row.workload_id) or _cache(workloads, row.workload_id,
                                                      store.get_workload(row.workload_id))
         t = targets.get(row.target_id) or _cache(targets, row.target_id,
