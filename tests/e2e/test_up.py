@@ -5,6 +5,7 @@ again reuses the tokens it saved (mode 0600) instead of minting new ones."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -58,6 +59,10 @@ def test_up_then_submit_then_ctrl_c(private_redis_url: str, tmp_path: Path) -> N
                              text=True, timeout=240)
         assert out.returncode == 0, out.stdout + out.stderr + log.read_text()
         assert "SUCCEEDED: 4/4 trials" in out.stdout
+        # the processes' lines, each with its process's name in front (the API logs nothing here)
+        logged = log.read_text()
+        assert re.search(r"^worker \| .*measures device key", logged, re.M), logged[-3000:]
+        assert re.search(r"^tuner  \| .*runs job", logged, re.M), logged[-3000:]
         up.send_signal(signal.SIGINT)  # Ctrl-C
         assert up.wait(timeout=90) == 0
         assert not [c for c in children if c.is_running() and c.status() != "zombie"]

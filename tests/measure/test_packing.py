@@ -14,10 +14,9 @@ from tests.schedules.test_int8 import sample, workload
 from tests.support.targets import AVX2_X86
 from tuner.core import prepack
 from tuner.core import tvm_api as tv
-from tuner.measure import Invalidity, MeasureInput, MeasureOptions
+from tuner.measure import Invalidity, MeasureInput, MeasureOptions, packing
 from tuner.measure.evaluate import Prepared
 from tuner.measure.sandbox import measure_one
-from workers import packing
 
 TEMPLATE = "dense-int8-avx2"
 

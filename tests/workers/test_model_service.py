@@ -10,10 +10,10 @@ import time
 
 import pytest
 import redis
-from tests.service.test_runner import TARGET, _run, _run_in_thread
 
 from tests.support.fakefarm import FakeWorker
 from tests.support.tasks import TASKS
+from tests.workers.test_tuner_service import TARGET, _run, _run_in_thread
 from tuner.core import tvm_api as tv
 from tuner.db import Store
 from tuner.db import model_jobs as mj

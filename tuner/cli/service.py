@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Annotated, Any
@@ -239,9 +240,15 @@ def up(
              ("worker", [*cli, "worker", "--device-key", device_key, "--metrics-port",
                          str(mport + 1 if mport else 0)], {"TUNEFARM_TOKEN": worker_tok})]
     procs: dict[str, subprocess.Popen[bytes]] = {}
+    relays: list[threading.Thread] = []
     try:
         for name, cmd, extra in specs:  # the API first: the worker registers with it
-            procs[name] = subprocess.Popen(cmd, env={**env, **extra}, start_new_session=True)
+            # each line the process writes is relayed with its name in front (three processes
+            # write to one terminal); unbuffered, so that its lines come as they are written
+            procs[name] = subprocess.Popen(
+                cmd, env={**env, **extra, "PYTHONUNBUFFERED": "1"}, start_new_session=True,
+                stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+            relays.append(_relay(name, procs[name]))
             if name == "api" and not wait_ready(api_url, timeout_s=120,
                                                 alive=lambda: procs["api"].poll() is None):
                 err.print(f"the API did not become ready at {api_url}; stopping",
@@ -257,6 +264,27 @@ def up(
         _wait(procs)
     finally:
         _stop(procs)
+        for t in relays:  # their last lines (a worker's "stopped") before `up` returns
+            t.join(timeout=5)
+
+
+PREFIX_WIDTH = len("worker")
+
+
+def _relay(name: str, proc: subprocess.Popen[bytes]) -> threading.Thread:
+    """A thread copying `proc`'s output to ours, each line as `name | line`."""
+    prefix = f"{name:<{PREFIX_WIDTH}} | ".encode()
+
+    def copy() -> None:
+        assert proc.stdout is not None
+        with contextlib.suppress(OSError, ValueError):  # our stdout closed: nothing to copy to
+            for line in iter(proc.stdout.readline, b""):
+                sys.stdout.buffer.write(prefix + line)
+                sys.stdout.buffer.flush()
+
+    thread = threading.Thread(target=copy, daemon=True, name=f"relay-{name}")
+    thread.start()
+    return thread
 
 
 def _wait(procs: dict[str, subprocess.Popen[bytes]]) -> None:
