@@ -26,7 +26,7 @@ from ..core.tvm_api import make_target, ms, relax, tvm
 from ..workloads.bounds import clamp_data_dependent
 from ..workloads.identity import identity_hash
 from .fastmath import FastGelu
-from .fixups import BoolCompare
+from .fixups import BoolCompare, SmallPower
 
 __all__ = ["Built", "ModelTask", "apply", "build", "extract", "partition", "task_flops"]
 
@@ -74,7 +74,7 @@ def partition(mod: Any, target: Any, *, fast_math: bool = False) -> Any:
     """The model with every operator legalized to TIR and fused into tasks; `fast_math`:
     GELU, erf and tanh as vectorizable approximations (`tuner.model.fastmath`)."""
     target = _as_target(target)
-    passes = [*([FastGelu()] if fast_math else []), BoolCompare(),
+    passes = [*([FastGelu()] if fast_math else []), BoolCompare(), SmallPower(),
               relax.transform.DecomposeOpsForInference(), relax.transform.CanonicalizeBindings(),
               relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern(),
               relax.transform.FoldConstant(), relax.transform.FuseOps(),
