@@ -6,6 +6,12 @@
 
      gcc -O2 -mavx512f -mavx512vnni -pthread bench/peak.c -o /tmp/peak && /tmp/peak 2
 
+   Built with -mavx512bf16 as well (Zen 4/5, Cooper Lake and later Xeons), it also times bf16
+   (vdpbf16ps: 16 lanes x 2 products x 2 flops, fp32 accumulation), the peak of the
+   `dense-bf16-avx512` template:
+
+     gcc -O2 -mavx512f -mavx512vnni -mavx512bf16 -pthread bench/peak.c -o /tmp/peak && /tmp/peak 2
+
    On a CPU without AVX-512 (a Zen 3, say) build the AVX2 variant, which measures fp32 only
    (8-lane FMA; there is no VNNI int8 instruction to time):
 
@@ -64,6 +70,25 @@ static void *int8(void *out) {
 #undef SUM
 }
 
+#ifdef __AVX512BF16__
+static void *bf16(void *out) {
+#define INIT(i) __m512 a##i = _mm512_set1_ps(seed[i]);
+#define STEP(i) a##i = _mm512_dpbf16_ps(a##i, x, y);
+#define SUM(i) s = _mm512_add_ps(s, a##i);
+  TWELVE(INIT)
+  __m512bh x = _mm512_cvtne2ps_pbh(_mm512_set1_ps(0.5f), _mm512_set1_ps(0.25f));
+  __m512bh y = _mm512_cvtne2ps_pbh(_mm512_set1_ps(1e-7f), _mm512_set1_ps(1e-7f));
+  __m512 s = _mm512_setzero_ps();
+  for (long n = 0; n < ITERS; n++) { TWELVE(STEP) }
+  TWELVE(SUM)
+  *(float *)out = _mm512_reduce_add_ps(s);
+  return NULL;
+#undef INIT
+#undef STEP
+#undef SUM
+}
+#endif
+
 #else /* AVX2 + FMA */
 #define LANES 8
 static void *fp32(void *out) {
@@ -100,7 +125,7 @@ int main(int argc, char **argv) {
     return 2;
   }
   double instr = (double)threads * ITERS * 12;
-  double best_f = 0, best_i = 0;
+  double best_f = 0, best_i = 0, best_b = 0;
   for (int rep = 0; rep < 3; rep++) { /* best of 3: the machine may be shared */
     double f = instr * LANES * 2 / run(fp32, threads) / 1e9;
     best_f = f > best_f ? f : best_f;
@@ -108,12 +133,20 @@ int main(int argc, char **argv) {
     double i = instr * 64 * 2 / run(int8, threads) / 1e9;
     best_i = i > best_i ? i : best_i;
 #endif
+#ifdef __AVX512BF16__
+    double b = instr * 32 * 2 / run(bf16, threads) / 1e9;
+    best_b = b > best_b ? b : best_b;
+#endif
   }
 #ifdef __AVX512F__
   printf("%d threads: fp32 %.0f GFLOPS, int8 %.0f GOPS\n", threads, best_f, best_i);
   printf("python -m bench ... --peak-fp32 %.0f --peak-int8 %.0f\n", best_f, best_i);
+#ifdef __AVX512BF16__
+  printf("%d threads: bf16 %.0f GFLOPS (vdpbf16ps, fp32 accumulation)\n", threads, best_b);
+#endif
 #else
   (void)best_i;
+  (void)best_b;
   printf("%d threads: fp32 %.0f GFLOPS (AVX2 FMA; no int8 VNNI on this build)\n", threads,
          best_f);
   printf("python -m bench ... --peak-fp32 %.0f\n", best_f);

@@ -11,6 +11,7 @@ from __future__ import annotations
 from schedules.activation import ActivationX86
 from schedules.arm import DenseInt8SdotAarch64, DenseNeonAarch64
 from schedules.base import Template
+from schedules.bf16 import DenseBF16AVX512
 from schedules.conv import Conv2dNCHWcX86, Conv2dNHWCX86, DepthwiseNCHWX86
 from schedules.cuda import DenseWmmaCuda
 from schedules.gemm import GemmX86
@@ -25,6 +26,7 @@ FAMILIES: tuple[type[Template], ...] = (
     DepthwiseNCHWX86,
     DenseInt8VNNI,
     DenseInt8AVX2,
+    DenseBF16AVX512,
     SoftmaxX86,
     NormX86,
     ActivationX86,

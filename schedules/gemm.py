@@ -92,7 +92,7 @@ class GemmX86(StructuralTemplate):
         if not isinstance(g, GemmMatch):
             return g.reason
         if g.dtype != "float32":
-            return f"a {g.dtype} GEMM, not float32 (dense-int8-vnni's)"
+            return f"a {g.dtype} GEMM, not float32 (an int8 or bf16 template serves it)"
         if not is_x86(target):
             return "not an x86 LLVM target"
         rows = g.m * g.batch_size if g.shared_weight else g.m

@@ -60,7 +60,8 @@ from schedules.base import (
     is_x86,
     vector_lanes,
 )
-from schedules.intrinsics import PMADDWD_8x2_AVX2, VNNI_16x4_LLVM22, use
+from schedules.dot_intrinsics import PMADDWD_8x2_AVX2, VNNI_16x4_LLVM22
+from schedules.intrinsics import use
 from schedules.knobs import Categorical, DesignSpace, Fixed, PerfectTile, knob_table
 from schedules.match import INT8, GemmMatch, match_gemm
 from tuner.core.tvm_api import derived_object, ms
@@ -105,7 +106,7 @@ class RegisterBudget(ms.postproc.PyPostproc):
     """Rejects a sampled micro-kernel whose live vector registers (rows x vectors accumulators
     plus the `vectors` weight tiles of a k step) exceed the register file: such kernels spill
     (4 x 8 measured 2.5x slower than 4 x 6 with AVX-512's 32 zmm). Reads the first two
-    perfect-tile decisions of the trace (rows, then vectors: the order `_DenseInt8.schedule`
+    perfect-tile decisions of the trace (rows, then vectors: the order `PackedDotGemm.schedule`
     samples them in); adds no instruction, so records replay without it."""
 
     def __init__(self, registers: int = 32) -> None:
@@ -186,7 +187,7 @@ class FinishCacheBlock(ms.postproc.PyPostproc):
         return FinishCacheBlock()
 
 
-def _knobs(lanes: int, group: int) -> Any:
+def packed_dot_knobs(lanes: int, group: int, acc: str = "int32") -> Any:
     packed = f"packed weight Wp[N/{lanes}, K/{group}, {lanes}, {group}]"
     return knob_table(
         # sampled in this order: RegisterBudget reads the first two perfect tiles as (rows, vectors)
@@ -194,7 +195,7 @@ def _knobs(lanes: int, group: int) -> Any:
                          doc="M = i0 x i1 x i2: i2 = rows of the micro-kernel, i1 = rows of a "
                              "cache block, i0 = parallel row blocks"),
         vectors=PerfectTile(3, max_innermost=MAX_VECS, of=f"N/{lanes}",
-                            doc=f"N/{lanes} = j0 x j1 x j2: j2 = {lanes}-lane int32 accumulators "
+                            doc=f"N/{lanes} = j0 x j1 x j2: j2 = {lanes}-lane {acc} accumulators "
                                 "per row (i2 x j2 registers live), j1 = column tiles of a cache "
                                 "block, j0 = parallel column blocks"),
         k_block=PerfectTile(2, of=f"K/{group}",
@@ -212,12 +213,14 @@ def _knobs(lanes: int, group: int) -> Any:
     )
 
 
-class _DenseInt8(StructuralTemplate):
-    """The register-blocked int8 GEMM, parametrized by the dot-product instruction: `lanes`
-    int32 accumulators per register, `group` products summed per lane, `registers` vector
-    registers, the tensor intrinsic `intrin`."""
+class PackedDotGemm(StructuralTemplate):
+    """The register-blocked GEMM on a packed weight, parametrized by the dot-product
+    instruction: `lanes` accumulators per register, `group` products summed per lane,
+    `registers` vector registers, the tensor intrinsic `intrin`, the operands `dtype` (a
+    GemmMatch.dtype: INT8 here, BF16 in schedules/bf16.py), and LLVM IR the intrinsic calls
+    (`llvm_import`, imported by the root block's `pragma_import_llvm`), if any."""
 
-    ops = ("dense_int8", "tir")
+    ops: tuple[str, ...] = ("dense_int8", "tir")
     tensorize = True  # RewriteTensorize tensorizes the blockized update, vectorizes the init
     # a quarter of the default population: side by side, the best kernels of 64 trials were as
     # fast at 64 as at 128 (F22, P7, two seeds each; the job 8–12% shorter: bench/RESULTS.md,
@@ -228,6 +231,9 @@ class _DenseInt8(StructuralTemplate):
     group: int
     registers: int
     intrin: str
+    dtype: str = INT8
+    operands = "uint8 x int8 -> int32"
+    llvm_import: str | None = None
 
     @abstractmethod
     def _why_not_target(self, target: Any) -> str | None:
@@ -237,10 +243,10 @@ class _DenseInt8(StructuralTemplate):
         g = match_gemm(workload)
         if not isinstance(g, GemmMatch):
             return g.reason
-        if g.dtype != INT8:
-            return f"a {g.dtype} GEMM, not uint8 x int8 -> int32"
+        if g.dtype != self.dtype:
+            return f"a {g.dtype} GEMM, not {self.operands}"
         if g.batch:
-            return "a batched int8 GEMM (only [M, K] x [K, N] is served)"
+            return f"a batched {self.operands} GEMM (only [M, K] x [K, N] is served)"
         why = self._why_not_target(target) if is_x86(target) else "not an x86 LLVM target"
         if why:
             return why
@@ -281,6 +287,8 @@ class _DenseInt8(StructuralTemplate):
         inner = sch.blockize(j16)
         sch.annotate(inner, "meta_schedule.auto_tensorize", use(self.intrin))
         root = sch.get_sblock("root")
+        if self.llvm_import:  # the intrinsic's LLVM function, imported into the kernel's module
+            sch.annotate(root, "pragma_import_llvm", self.llvm_import)
         sch.annotate(root, "meta_schedule.parallel", self.sample(sch, "parallel"))
         sch.annotate(root, "meta_schedule.unroll_explicit", self.sample(sch, "unroll"))
 
@@ -294,7 +302,7 @@ class _DenseInt8(StructuralTemplate):
         return {ms.mutator.MutateTileSize(): 0.9, ms.mutator.MutateUnroll(): 0.1}
 
 
-class DenseInt8VNNI(_DenseInt8):
+class DenseInt8VNNI(PackedDotGemm):
     name = "dense-int8-vnni"
     target = "x86-64 with AVX512-VNNI"
     description = ("uint8 x int8 -> int32 dense on AVX512-VNNI: weight packed once to "
@@ -303,13 +311,13 @@ class DenseInt8VNNI(_DenseInt8):
                    f"({VNNI_16x4_LLVM22}), k blocking, parallel outer tiles, an elementwise "
                    "epilogue (requantization) per tile. Needs N % 16 == 0 and K % 4 == 0.")
     lanes, group, registers, intrin = 16, 4, 32, VNNI_16x4_LLVM22
-    KNOBS = _knobs(lanes, group)
+    KNOBS = packed_dot_knobs(lanes, group)
 
     def _why_not_target(self, target: Any) -> str | None:
         return None if has_vnni(target) else "the target has no AVX512-VNNI"
 
 
-class DenseInt8AVX2(_DenseInt8):
+class DenseInt8AVX2(PackedDotGemm):
     name = "dense-int8-avx2"
     target = "x86-64 with AVX2, no VNNI"
     description = ("uint8 x int8 -> int32 dense on AVX2 without VNNI: weight packed once to "
@@ -318,7 +326,7 @@ class DenseInt8AVX2(_DenseInt8):
                    "exact), k blocking, parallel outer tiles, an elementwise epilogue "
                    "(requantization) per tile. Needs N % 8 == 0 and K % 2 == 0.")
     lanes, group, registers, intrin = 8, 2, 16, PMADDWD_8x2_AVX2
-    KNOBS = _knobs(lanes, group)
+    KNOBS = packed_dot_knobs(lanes, group)
 
     def _why_not_target(self, target: Any) -> str | None:
         if has_vnni(target):

@@ -17,6 +17,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
+from schedules.dot_intrinsics import DOT_FACTORIES, dot_u8i8_desc
 from schedules.polynomial import let as _let
 from schedules.polynomial import pin_source
 from schedules.polynomial import vexp as _vexp
@@ -30,7 +31,7 @@ TensorIntrin = tvm.s_tir.TensorIntrin
 pin_source(__file__)
 
 # name -> () -> (description, implementation) PrimFuncs
-_FACTORIES: dict[str, Callable[[], tuple[Any, Any]]] = {}
+_FACTORIES: dict[str, Callable[[], tuple[Any, Any]]] = dict(DOT_FACTORIES)  # x86 dot products
 # families of names with parameters (whole-row intrinsics: schedules/row_intrinsics.py): a regex
 # over the name -> (match -> (description, implementation), or None for parameters out of range)
 _PATTERNS = ROW_PATTERNS
@@ -76,102 +77,11 @@ def register_all() -> list[str]:
     """Register every tunefarm intrinsic in this process and return their names: what a stock
     TVM process needs before it replays records exported with `tunefarm db export --format
     metaschedule` whose traces tensorize with them (`softmax-x86`, `activation-x86`, the
-    GELU/SiLU pass of `gemm-x86`, `dense-int8-vnni`, `dense-int8-avx2`, the aarch64 templates).
+    GELU/SiLU pass of `gemm-x86`, `dense-int8-vnni`, `dense-int8-avx2`, `dense-bf16-avx512`, the
+    aarch64 templates).
     The whole-row intrinsics have a row length in their names: `register_for_trace` registers
     those a trace names."""
     return [use(name) for name in sorted(_FACTORIES)]
-
-
-# --- VNNI: C[16] int32 += A[4] uint8 . B[16, 4] int8 (one vpdpbusd on 512-bit registers) -------
-#
-# TVM's own `dot_16x4_vnni` passes <16 x i32> operands to llvm.x86.avx512.vpdpbusd.512, which
-# since LLVM 21 takes (<16 x i32>, <64 x i8>, <64 x i8>): it fails to compile with the LLVM 22 in
-# the 0.27 wheel. This variant reinterprets the operands as u8x64 / i8x64 (TVM_NOTES §4b).
-#
-# TRAP: the implementation loads B as 64 CONSECUTIVE bytes, and `tensorize` does not check that
-# the matched 16x4 tile is contiguous. Tensorizing a plain [N, K] weight compiles and gives wrong
-# results; the weight must be packed [N/16, K/4, 16, 4] (see schedules/int8.py).
-
-VNNI_16x4_LLVM22 = "dot_16x4_vnni_llvm22"
-
-
-def _dot_u8i8_desc(lanes: int, group: int, scope: str = "global") -> Any:
-    """The description the int8 dot-product intrinsics share: C[lanes] int32 (in `scope`) +=
-    A[group] uint8 . B[lanes, group] int8, lane i taking row i of B."""
-
-    @T.prim_func(s_tir=True)
-    def desc(a_h: T.handle, b_h: T.handle, c_h: T.handle) -> None:
-        A = T.match_buffer(a_h, (group,), "uint8", offset_factor=1)
-        B = T.match_buffer(b_h, (lanes, group), "int8", offset_factor=1)
-        C = T.match_buffer(c_h, (lanes,), "int32", offset_factor=1, scope=scope)
-        with T.sblock("root"):
-            T.reads(C[0:lanes], A[0:group], B[0:lanes, 0:group])
-            T.writes(C[0:lanes])
-            for i in T.serial(0, lanes):
-                for k in T.serial(0, group):
-                    with T.sblock("update"):
-                        vi, vk = T.axis.remap("SR", [i, k])
-                        C[vi] = C[vi] + T.cast(A[vk], "int32") * T.cast(B[vi, vk], "int32")
-
-    return desc
-
-
-def _vnni_intrin() -> tuple[Any, Any]:
-    @T.prim_func(s_tir=True)
-    def impl(a_h: T.handle, b_h: T.handle, c_h: T.handle) -> None:
-        A = T.match_buffer(a_h, (4,), "uint8", offset_factor=1)
-        B = T.match_buffer(b_h, (16, 4), "int8", offset_factor=1)
-        C = T.match_buffer(c_h, (16,), "int32", offset_factor=1)
-        with T.sblock("root"):
-            T.reads(C[0:16], A[0:4], B[0:16, 0:4])
-            T.writes(C[0:16])
-            A_i32 = T.reinterpret(A.vload([0], "uint8x4"), dtype="int32")  # 4 x u8 -> one i32
-            A_u8x64 = T.reinterpret(T.broadcast(A_i32, 16), dtype="uint8x64")  # ... to 16 lanes
-            B_i8x64 = B.vload([0, 0], dtype="int8x64")
-            C_i32x16 = C.vload([0], dtype="int32x16")
-            C[T.ramp(T.int32(0), 1, 16)] = T.call_llvm_pure_intrin(
-                T.llvm_lookup_intrinsic_id("llvm.x86.avx512.vpdpbusd.512"),
-                C_i32x16, A_u8x64, B_i8x64, dtype="int32x16")
-
-    return _dot_u8i8_desc(16, 4), impl
-
-
-_FACTORIES[VNNI_16x4_LLVM22] = _vnni_intrin
-
-
-# --- AVX2: C[8] int32 += A[2] uint8 . B[8, 2] int8, exactly (one vpmaddwd on 256-bit registers) --
-#
-# Without VNNI the u8 x i8 products are widened to int16 first: vpmaddwd multiplies 16 int16
-# pairs and adds each pair into an int32 lane, exact for u8 x i8 (|a*b| <= 32640). vpmaddubsw
-# (u8 x i8 straight to int16 pair sums) would be one step shorter but saturates: 255*127*2 does
-# not fit int16. Lane i of C takes B[i, 0:2], so B must be 16 CONSECUTIVE bytes, the weight
-# packed [N/8, K/2, 8, 2] (schedules/int8.py); A's two bytes are broadcast to the 8 lanes.
-
-PMADDWD_8x2_AVX2 = "dot_8x2_u8i8s32_avx2"
-
-
-def _pmaddwd_intrin() -> tuple[Any, Any]:
-    @T.prim_func(s_tir=True)
-    def impl(a_h: T.handle, b_h: T.handle, c_h: T.handle) -> None:
-        A = T.match_buffer(a_h, (2,), "uint8", offset_factor=1)
-        B = T.match_buffer(b_h, (8, 2), "int8", offset_factor=1)
-        C = T.match_buffer(c_h, (8,), "int32", offset_factor=1)
-        with T.sblock("root"):
-            T.reads(C[0:8], A[0:2], B[0:8, 0:2])
-            T.writes(C[0:8])
-            # one expression: named temporaries would become workspace allocations
-            C[T.ramp(T.int32(0), 1, 8)] = C.vload([0], dtype="int32x8") + T.call_llvm_pure_intrin(
-                T.llvm_lookup_intrinsic_id("llvm.x86.avx2.pmadd.wd"),
-                # A's 2 bytes as 2 int16 (one int32), broadcast to the 8 lanes
-                T.reinterpret(T.broadcast(T.reinterpret(T.Cast("int16x2", A.vload([0], "uint8x2")),
-                                                        dtype="int32"), 8), dtype="int16x16"),
-                T.Cast("int16x16", B.vload([0, 0], dtype="int8x16")),
-                dtype="int32x8")
-
-    return _dot_u8i8_desc(8, 2), impl
-
-
-_FACTORIES[PMADDWD_8x2_AVX2] = _pmaddwd_intrin
 
 
 # --- fast exp: Y[l] = exp(X[l] - M[0]) over `lanes` fp32 lanes --------------------------------
@@ -375,7 +285,7 @@ def _usdot_intrin(acc_scope: str) -> tuple[Any, Any]:
                 B.vload([0, 0], dtype="int8x16"),  # 16 contiguous bytes: needs the packing
                 dtype="int32x4")
 
-    return _dot_u8i8_desc(4, 4, acc_scope), impl
+    return dot_u8i8_desc(4, 4, acc_scope), impl
 
 
 _FACTORIES[USDOT_INTRIN] = lambda: _usdot_intrin("global")

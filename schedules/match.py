@@ -9,7 +9,8 @@ does not match, the reason (`NoMatch`), which `tunefarm spaces --tvmscript` prin
   `C[*b, i, j] = C[*b, i, j] + A[*b, i, k] * W[...]` (either factor order), init `C = 0`, where W
   is indexed `[*b, k, j]` (matmul), `[*b, j, k]` (dense: the weight transposed) or without the batch
   iterators (broadcast); all float32, or (`dtype` INT8) C int32 = uint8 A times int8 W, each
-  factor cast to int32 (`dense-int8-vnni`'s GEMMs: the op spec, relax's int8 matmul);
+  factor cast to int32 (`dense-int8-vnni`'s GEMMs: the op spec, relax's int8 matmul), or (`dtype`
+  BF16) C float32 = bf16 A times bf16 W, each factor cast to float32 (`dense-bf16-avx512`'s);
 - then any number of elementwise epilogue blocks (bias, residual add, relu, gelu in erf or tanh
   form, scaling, casts): spatial iterators over C's shape, one store at exactly its iterators, and
   loads either of an earlier block's result at exactly its iterators or of a parameter at a
@@ -33,6 +34,7 @@ from tuner.workloads import Workload
 
 DATA_PAR, COMM_REDUCE = 0, 2  # tvm.tirx.IterVar kinds
 INT8 = "uint8*int8->int32"  # GemmMatch.dtype of a quantized GEMM (dense-int8-vnni's)
+BF16 = "bfloat16*bfloat16->float32"  # GemmMatch.dtype of a bf16 GEMM (dense-bf16-avx512's)
 
 
 @dataclass(frozen=True)
@@ -46,7 +48,7 @@ class GemmMatch:
     weight: int  # index of the weight among the GEMM block's reads
     weight_axes: str  # the weight's dims in order, of "b" (batch), "j" (N) and "k" (K)
     epilogue: int  # elementwise blocks after the GEMM
-    dtype: str = "float32"  # or INT8: uint8 A x int8 W, each cast to int32, C int32
+    dtype: str = "float32"  # or INT8 (uint8 A x int8 W, each cast to int32, C int32) or BF16
 
     @property
     def layout(self) -> str:
@@ -89,8 +91,9 @@ def loads(expr: Any) -> list[Any]:
 
 
 def _operand(e: Any) -> Any:
-    """The load under an int32 cast (how an int8 GEMM widens its operands), or `e` itself."""
-    if isinstance(e, tvm.tirx.Cast) and str(e.ty.dtype) == "int32":
+    """The load under an int32 or float32 cast (how an int8 or bf16 GEMM widens its operands),
+    or `e` itself."""
+    if isinstance(e, tvm.tirx.Cast) and str(e.ty.dtype) in ("int32", "float32"):
         return e.value
     return e
 
@@ -104,6 +107,9 @@ def _gemm_dtype(c: Any, a: Any, w: Any, init: Any, cast: bool) -> str | None:
     if cast and str(c.dtype) == "int32" and sorted(types) == ["int8", "uint8"] \
             and isinstance(init, tvm.tirx.IntImm) and int(init.value) == 0:
         return INT8
+    if cast and str(c.dtype) == "float32" and types == ["bfloat16"] * 2 \
+            and isinstance(init, tvm.tirx.FloatImm) and float(init.value) == 0.0:
+        return BF16
     return None
 
 
@@ -135,11 +141,11 @@ def _gemm_block(b: Any) -> tuple[int, int, int, int, int, int, str, str] | str:
         return "the reduction is not C += A * B"
     cast = isinstance(v.b.a, tvm.tirx.Cast)
     if cast != isinstance(v.b.b, tvm.tirx.Cast):
-        return "one GEMM operand is cast to int32 and the other is not"
+        return "one GEMM operand is cast (widened) and the other is not"
     dtype = _gemm_dtype(st.buffer, _operand(v.b.a), _operand(v.b.b), init.value, cast)
     if dtype is None:
-        return ("the GEMM is neither float32 nor uint8 x int8 widened to int32 "
-                "(the operands a GEMM template serves)")
+        return ("the GEMM is neither float32, uint8 x int8 widened to int32 nor bfloat16 "
+                "widened to float32 (the operands a GEMM template serves)")
     named = [*(("b", x) for x in bat), ("i", iv), ("j", jv), ("k", kv)]
 
     def axes(load: Any) -> str | None:  # "bik" for A[b, i, k]; None for any other index

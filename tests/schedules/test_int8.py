@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from schedules import int8
-from schedules.intrinsics import VNNI_16x4_LLVM22
+from schedules.dot_intrinsics import VNNI_16x4_LLVM22
 from schedules.registry import TEMPLATES, describe
 from tests.support import guarded
 from tests.support.targets import AVX2_X86

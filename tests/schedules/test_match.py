@@ -77,7 +77,7 @@ def test_an_int8_gemm_with_its_requantization_is_matched() -> None:
     (lambda: parse_spec({"op": "matmul", "shape": [8, 8, 8], "dtype": "float64"}).prim_func(),
      "float32"),
     (lambda: _transposed_a(), "transposed A"),
-    (lambda: _int8_gemm("int16", "int8"), "neither float32 nor uint8 x int8"),
+    (lambda: _int8_gemm("int16", "int8"), "neither float32, uint8 x int8"),
     (lambda: _int8_gemm("int8", "uint8"), "activations [*batch, i, k] are not the uint8"),
     (lambda: _int8_gemm("uint8", "int32", cast_b=False), "one GEMM operand is cast"),
 ])

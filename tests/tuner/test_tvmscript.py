@@ -260,7 +260,7 @@ def test_too_many_nodes(monkeypatch: pytest.MonkeyPatch, parser_calls: list[str]
     (TWO_OUT.replace("        B[i] =", "        T.evaluate(T.undefined_thing(1))\n        B[i] =")
      % "16", "T.undefined_thing is not allowed"),
     (TWO_OUT.replace("T.float32(2)", "T.float32(q)") % "16", "unknown name 'q'"),
-    (TWO_OUT.replace('"float32"), B', '"bfloat16"), B') % "16", "dtype bfloat16"),
+    (TWO_OUT.replace('"float32"), B', '"float8_e4m3fn"), B') % "16", "dtype float8_e4m3fn"),
     (MM.replace("with T.init():", "with T.init(1, 2, 3):"), "TVMScript parser:"),
     (MM.replace('T.axis.remap("SSR"', 'T.axis.remap("SS"'), "TVMScript parser: line"),
 ])

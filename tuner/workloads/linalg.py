@@ -2,6 +2,9 @@
 
 References are numpy, computed in float64 (int64 for int8) and cast to the output dtype, so they
 do not share code or rounding with TVM.
+
+matmul and dense also take dtype "bfloat16": bf16 inputs, products and sums in float32, a float32
+output (as a bf16 matrix unit or `vdpbf16ps` computes them; the inputs are exact in float64).
 """
 
 from __future__ import annotations
@@ -13,9 +16,16 @@ import numpy as np
 from ..core.errors import SpecError
 from .base import FLOAT_DTYPES, ArgSpec, OpDef, float_tolerance, integer_tolerance
 
+GEMM_DTYPES = (*FLOAT_DTYPES, "bfloat16")
+
 
 def _f64(a: np.ndarray) -> np.ndarray:
     return np.asarray(a, dtype=np.float64)
+
+
+def _out(dtype: str) -> str:
+    """The output (and accumulation) dtype of a GEMM of `dtype` inputs."""
+    return "float32" if dtype == "bfloat16" else dtype
 
 
 # --- matmul: A[M,K] x B[K,N] -> C[M,N] ----------------------------------------------------------
@@ -24,7 +34,7 @@ def _f64(a: np.ndarray) -> np.ndarray:
 def _matmul_args(spec: dict[str, Any]) -> list[ArgSpec]:
     m, n, k = spec["shape"]
     dt = spec["dtype"]
-    return [("A", (m, k), dt), ("B", (k, n), dt), ("C", (m, n), dt)]
+    return [("A", (m, k), dt), ("B", (k, n), dt), ("C", (m, n), _out(dt))]
 
 
 def _matmul_compute(spec: dict[str, Any]) -> list[Any]:
@@ -37,14 +47,19 @@ def _matmul_compute(spec: dict[str, Any]) -> list[Any]:
     r = te.reduce_axis((0, k), name="k")
     # B is the weight (a model constant): layout-free, so a schedule may pack it at compile time,
     # as topi marks dense's and batch_matmul's weights
-    c = te.compute((m, n), lambda i, j: te.sum(a[i, r] * b[r, j], axis=r), name="C",
-                   attrs={"layout_free_placeholders": [b]})
+    if dt == "bfloat16":
+        c = te.compute((m, n), lambda i, j: te.sum(
+            a[i, r].astype("float32") * b[r, j].astype("float32"), axis=r), name="C",
+            attrs={"layout_free_placeholders": [b]})
+    else:
+        c = te.compute((m, n), lambda i, j: te.sum(a[i, r] * b[r, j], axis=r), name="C",
+                       attrs={"layout_free_placeholders": [b]})
     return [a, b, c]
 
 
 def _matmul_ref(spec: dict[str, Any], inputs: list[np.ndarray]) -> list[np.ndarray]:
     a, b = inputs
-    return [(_f64(a) @ _f64(b)).astype(spec["dtype"])]
+    return [(_f64(a) @ _f64(b)).astype(_out(spec["dtype"]))]
 
 
 def _mnk_flops(spec: dict[str, Any]) -> int:
@@ -53,14 +68,14 @@ def _mnk_flops(spec: dict[str, Any]) -> int:
 
 
 def _k_tolerance(spec: dict[str, Any]) -> tuple[float, float]:
-    return float_tolerance(spec["dtype"], spec["shape"][-1])
+    return float_tolerance(_out(spec["dtype"]), spec["shape"][-1])
 
 
 MATMUL = OpDef(
     name="matmul", shape_doc="M,N,K: A[M,K] x B[K,N] -> C[M,N]", shape_names=("M", "N", "K"),
-    default_dtype="float32", dtypes=FLOAT_DTYPES,
+    default_dtype="float32", dtypes=GEMM_DTYPES,
     doc="Matrix multiply C = A @ B with B a constant weight (layout-free: a schedule may pack it "
-        "at compile time); accumulates in the input dtype.",
+        "at compile time); accumulates in the input dtype (bfloat16: in float32, C float32).",
     inputs_doc=("A[M,K]", "B[K,N]"), outputs_doc=("C[M,N]",),
     args=_matmul_args, compute=_matmul_compute, reference=_matmul_ref, flops=_mnk_flops,
     tolerance=_k_tolerance,
@@ -73,7 +88,7 @@ MATMUL = OpDef(
 def _dense_args(spec: dict[str, Any]) -> list[ArgSpec]:
     m, n, k = spec["shape"]
     dt = spec["dtype"]
-    return [("X", (m, k), dt), ("W", (n, k), dt), ("Y", (m, n), dt)]
+    return [("X", (m, k), dt), ("W", (n, k), dt), ("Y", (m, n), _out(dt))]
 
 
 def _dense_compute(spec: dict[str, Any]) -> list[Any]:
@@ -83,18 +98,19 @@ def _dense_compute(spec: dict[str, Any]) -> list[Any]:
     dt = spec["dtype"]
     x = te.placeholder((m, k), dt, name="X")
     w = te.placeholder((n, k), dt, name="W")
-    return [x, w, topi.nn.dense(x, w, out_dtype=dt)]
+    return [x, w, topi.nn.dense(x, w, out_dtype=_out(dt))]
 
 
 def _dense_ref(spec: dict[str, Any], inputs: list[np.ndarray]) -> list[np.ndarray]:
     x, w = inputs
-    return [(_f64(x) @ _f64(w).T).astype(spec["dtype"])]
+    return [(_f64(x) @ _f64(w).T).astype(_out(spec["dtype"]))]
 
 
 DENSE = OpDef(
     name="dense", shape_doc="M,N,K: X[M,K] x W[N,K]^T -> Y[M,N]", shape_names=("M", "N", "K"),
-    default_dtype="float32", dtypes=FLOAT_DTYPES,
-    doc="Fully connected layer without bias (topi.nn.dense): Y = X @ W.T.",
+    default_dtype="float32", dtypes=GEMM_DTYPES,
+    doc="Fully connected layer without bias (topi.nn.dense): Y = X @ W.T (bfloat16: products "
+        "and sums in float32, Y float32).",
     inputs_doc=("X[M,K]", "W[N,K]"), outputs_doc=("Y[M,N]",),
     args=_dense_args, compute=_dense_compute, reference=_dense_ref, flops=_mnk_flops,
     tolerance=_k_tolerance,

@@ -52,7 +52,7 @@ from .bounds import (
 from .tvmscript import FIELD, check_dims, param_buffers, parse_python, parse_tvmscript
 from .tvmscript_rules import MAX_UNROLL_EXTENT, MAX_UNROLLED_COPIES, MAX_VECTORIZED_EXTENT
 
-SUPPORTED_DTYPES = ("float16", "float32", "float64", "int8", "int16", "int32", "int64",
+SUPPORTED_DTYPES = ("bfloat16", "float16", "float32", "float64", "int8", "int16", "int32", "int64",
                     "uint8", "uint16", "uint32", "uint64", "bool")
 # op_pattern: relax's fusion class of the function (an integer), on every task it extracts
 ALLOWED_FUNC_ATTRS = frozenset({"global_symbol", "tirx.noalias", "s_tir", "layout_free_buffers",
@@ -309,12 +309,12 @@ def _description(text: str, args: list[ArgSpec], nout: int) -> str:
 
 
 def _tolerance(outs: list[ArgSpec], flops: int) -> tuple[float, float]:
-    floats = [dt for _, _, dt in outs if dt.startswith("float")]
+    floats = {dt for _, _, dt in outs if dt.startswith("float") or dt == "bfloat16"}
     if not floats:
         return 0.0, 0.0
     out_elems = sum(math.prod(shape) for _, shape, _ in outs)
     reduction = max(1, flops // max(1, 2 * out_elems))
-    worst = "float16" if "float16" in floats else ("float32" if "float32" in floats else "float64")
+    worst = next(dt for dt in ("bfloat16", "float16", "float32", "float64") if dt in floats)
     return float_tolerance(worst, reduction)
 
 

@@ -6,6 +6,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+import ml_dtypes  # noqa: F401  (gives numpy the "bfloat16" dtype)
 import numpy as np
 
 from ..core.errors import SpecError
@@ -82,13 +83,13 @@ class Workload:
         return list(self._arg_specs)
 
     def make_inputs(self, seed: int = 0) -> list[np.ndarray]:
-        """Deterministic inputs: floats uniform in [-1, 1] (a `tir` input read as a divisor:
-        in ±[0.5, 1], the same draw moved away from 0), uint* in [0, 256), int* in [-128, 128),
-        bool in {False, True}."""
+        """Deterministic inputs: floats (bfloat16: an ml_dtypes array) uniform in [-1, 1] (a `tir`
+        input read as a divisor: in ±[0.5, 1], the same draw moved away from 0), uint* in
+        [0, 256), int* in [-128, 128), bool in {False, True}."""
         rng = np.random.default_rng(seed)
         out = []
         for i, (_, shape, dt) in enumerate(self._arg_specs[: self.num_inputs]):
-            if dt.startswith("float"):
+            if dt.startswith("float") or dt == "bfloat16":
                 u = rng.uniform(-1.0, 1.0, size=shape)
                 a = (np.copysign(0.5 + 0.5 * np.abs(u), u) if i in self._divisors else u).astype(dt)
             elif dt == "bool":
