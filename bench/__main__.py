@@ -21,9 +21,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "at the same trial budget, then time both best kernels, PyTorch and numpy in one "
         "process, interleaved, checking every output. Writes results.json and results.md."))
     p.add_argument("--suite", default="public",
-                   help="public, tiny, fused, models (whole models: bench/model_suite.py), "
-                        "zoo (real architectures: bench/zoo.py), or a JSON file with a list of "
-                        "{id, title, spec, peak}")
+                   help="public, tiny, fused, lowp (bf16 GEMMs beside fp32 ones), models (whole "
+                        "models: bench/model_suite.py), zoo (real architectures: bench/zoo.py), "
+                        "or a JSON file with a list of {id, title, spec, peak}")
     p.add_argument("--scale", default="full", choices=["full", "small"],
                    help="--suite models and zoo: the models' size (small: minutes instead of "
                         "hours)")
@@ -66,6 +66,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--peak-fp32", type=float, default=529.0, help="fp32 peak GFLOPS (529)")
     p.add_argument("--peak-int8", type=float, default=2100.0, help="int8 peak GOPS (2100)")
+    p.add_argument("--peak-bf16", type=float, default=1058.0,
+                   help="bf16 peak GFLOPS (1058: twice the fp32 default, AVX512-BF16's rate; "
+                        "bench/peak.c built with -mavx512bf16 measures it)")
     args = p.parse_args(argv)
     if args.trials < 1 or args.rounds < 1 or args.min_ms <= 0 or args.threads < 1:
         p.error("--trials, --rounds, --threads must be >= 1 and --min-ms > 0")

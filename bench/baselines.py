@@ -18,6 +18,8 @@ Factory = tuple[Callable[[], Any] | None, str]
 
 def numpy_impl(wl: Any, inputs: list[np.ndarray]) -> Factory:
     op, spec = wl.op, wl.spec
+    if spec.get("dtype") == "bfloat16":
+        return None, "numpy has no bf16 arithmetic (ml_dtypes' bf16 is a storage type)"
     if op == "matmul":
         a, b = inputs
         c = np.empty((a.shape[0], b.shape[1]), a.dtype)
@@ -59,7 +61,14 @@ def torch_impl(wl: Any, inputs: list[np.ndarray], torch: Any,
 
         return torch_fn(model, inputs, torch)
     op, spec = wl.op, wl.spec
-    t = [torch.from_numpy(np.ascontiguousarray(a)) for a in inputs]
+    t = [_tensor(a, torch) for a in inputs]
+    if spec.get("dtype") == "bfloat16":  # oneDNN's bf16 GEMM; its output is bf16
+        if op == "matmul":
+            a, b = t
+            return (lambda: torch.matmul(a, b)), "torch.matmul(A, B) in bf16 (a bf16 output)"
+        if op == "dense":
+            x, w = t
+            return (lambda: F.linear(x, w)), "F.linear(X, W) in bf16 (a bf16 output)"
     if op == "matmul":
         a, b = t
         c = torch.empty((a.shape[0], b.shape[1]), dtype=a.dtype)
@@ -86,6 +95,25 @@ def torch_impl(wl: Any, inputs: list[np.ndarray], torch: Any,
         (x,) = t
         return (lambda: torch.softmax(x, dim=-1)), "torch.softmax(x, dim=-1)"
     return None, f"no PyTorch implementation of {op}"
+
+
+def torch_tolerance(wl: Any) -> tuple[float, float] | None:
+    """The check of PyTorch's output where it is not the workload's: a bf16 GEMM's output is
+    bf16 in PyTorch (one rounding of the float32 sums), float32 in tunefarm's op spec."""
+    from tuner.workloads.base import float_tolerance
+
+    if wl.spec.get("dtype") == "bfloat16" and wl.op in ("matmul", "dense"):
+        return float_tolerance("bfloat16", wl.spec["shape"][-1])
+    return None
+
+
+def _tensor(a: np.ndarray, torch: Any) -> Any:
+    """A numpy array as a CPU tensor; an ml_dtypes bfloat16 array by its bits (torch does not
+    read ml_dtypes' dtype)."""
+    a = np.ascontiguousarray(a)
+    if a.dtype == np.dtype("bfloat16"):
+        return torch.from_numpy(a.view(np.uint16)).view(torch.bfloat16)
+    return torch.from_numpy(a)
 
 
 def _torch_int8(t: list[Any], torch: Any) -> Factory:

@@ -161,7 +161,8 @@ def markdown(doc: dict[str, Any]) -> str:
              f"{cfg['rounds']} rounds, each timing >= {cfg['min_ms']:g} ms of repeated calls; "
              f"every output checked against the workload's reference. Latency in ms (GFLOPS in "
              f"brackets; int8 counts integer ops). Peak: fp32 {cfg['peak']['fp32']:g} GFLOPS, "
-             f"int8 {cfg['peak']['int8']:g} GOPS; \"best round\": tunefarm's % of peak in its "
+             f"int8 {cfg['peak']['int8']:g} GOPS"
+             f"{_bf16_peak(cfg['peak'])}; \"best round\": tunefarm's % of peak in its "
              f"fastest round (undisturbed by other tenants, as peak.c's best of three). "
              f"Ratios are latency ratios (< 1: tunefarm is faster). Packed weights are "
              f"excluded from the timed kernels (see bench/README.md).",
@@ -224,3 +225,8 @@ def write(out: Path, doc: dict[str, Any]) -> None:
     doc["summary"] = summarize(doc["workloads"])
     (out / "results.json").write_text(json.dumps(doc, indent=1, default=str))
     (out / "results.md").write_text(markdown(doc))
+
+
+def _bf16_peak(peak: dict[str, Any]) -> str:
+    """", bf16 N GFLOPS" where the run had it (results of runs before --peak-bf16 have none)."""
+    return f", bf16 {peak['bf16']:g} GFLOPS" if peak.get("bf16") else ""

@@ -127,15 +127,19 @@ def _kernel_variant(name: str, summ: dict[str, Any] | None, wl: Any, inputs: lis
     return Variant(name, kernel=kernel, note=note), extra
 
 
+def _peaks(args: argparse.Namespace) -> dict[str, float]:
+    return {"fp32": args.peak_fp32, "int8": args.peak_int8, "bf16": args.peak_bf16}
+
+
 def bench_one(entry: dict[str, Any], target: dict[str, Any], out: Path, torch: Any,
               args: argparse.Namespace) -> dict[str, Any]:
     from tuner.workloads import parse_spec
 
-    from .baselines import numpy_impl, torch_impl
+    from .baselines import numpy_impl, torch_impl, torch_tolerance
     from .timing import Variant, time_interleaved
 
     wl = parse_spec(entry["spec"])
-    peak = {"fp32": args.peak_fp32, "int8": args.peak_int8}.get(entry["peak"] or "")
+    peak = _peaks(args).get(entry["peak"] or "")
     row: dict[str, Any] = {
         "id": entry["id"], "title": entry["title"] or wl.description, "op": wl.op,
         "spec": wl.spec, "key": wl.key, "description": wl.description, "flops": wl.flops,
@@ -176,7 +180,8 @@ def bench_one(entry: dict[str, Any], target: dict[str, Any], out: Path, torch: A
         if fn is None:
             status[name] = {"status": "unavailable", "reason": note}
         else:
-            variants.append(Variant(name, fn=fn, note=note))
+            variants.append(Variant(name, fn=fn, note=note, tolerance=torch_tolerance(wl)
+                                    if name == "pytorch" else None))
     log(f"  timing {', '.join(v.name for v in variants)}: {args.rounds} rounds, "
         f">= {args.min_ms:g} ms each")
     timed = time_interleaved(variants, reference, rtol, atol, rounds=args.rounds,
@@ -221,7 +226,7 @@ def run(args: argparse.Namespace) -> int:
                    "rounds": args.rounds, "min_ms": args.min_ms, "threads": args.threads,
                    "space": args.space, "seed": args.seed, "skip_ms": args.skip_ms,
                    "reuse_tuning": args.reuse_tuning,
-                   "peak": {"fp32": args.peak_fp32, "int8": args.peak_int8}},
+                   "peak": _peaks(args)},
         "columns": report.COLUMNS, "workloads": []}
     log(f"target {json.dumps(target)}; {len(entries)} workloads; results in {out}")
     load = doc["machine"]["loadavg_start"]

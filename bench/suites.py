@@ -2,8 +2,8 @@
 file of the same shape.
 
 A suite entry: {"id": "P1", "title": "matmul 1024³", "spec": {...tuner.workloads spec...},
-"peak": "fp32" | "int8" | null}. `peak` names the compute peak the workload is compared with;
-null (softmax) means no meaningful FLOP peak: the "% of peak" column shows "–".
+"peak": "fp32" | "int8" | "bf16" | null}. `peak` names the compute peak the workload is compared
+with; null (softmax) means no meaningful FLOP peak: the "% of peak" column shows "–".
 """
 
 from __future__ import annotations
@@ -49,13 +49,25 @@ TINY: list[dict[str, Any]] = [
      "spec": {"op": "depthwise_conv2d", "shape": [1, 4, 16, 16, 3, 3], "padding": 1}},
 ]
 
+# bf16 GEMMs (fp32 sums) beside the same GEMMs in fp32: issue 56's "bf16 >= 1.6x fp32 on
+# AVX512-BF16" and its comparison with PyTorch's bf16 GEMM (oneDNN)
+LOWP: list[dict[str, Any]] = [
+    {"id": f"L{i}", "title": f"dense {dt} {title}", "peak": "bf16" if dt == "bf16" else "fp32",
+     "spec": {"op": "dense", "shape": shape, "dtype": "bfloat16" if dt == "bf16" else "float32"}}
+    for i, (dt, title, shape) in enumerate([
+        ("bf16", "1024³", [1024, 1024, 1024]), ("fp32", "1024³", [1024, 1024, 1024]),
+        ("bf16", "2048³", [2048, 2048, 2048]), ("fp32", "2048³", [2048, 2048, 2048]),
+        ("bf16", "128×768·(3072×768)ᵀ", [128, 3072, 768]),
+        ("fp32", "128×768·(3072×768)ᵀ", [128, 3072, 768])], start=1)]
+
+
 def _fused() -> list[dict[str, Any]]:
     from .fused import FUSED, spec_of  # builds the relax models: TVM
 
     return [{**e, "spec": spec_of(e["model"])} for e in FUSED]
 
 
-SUITES: dict[str, Any] = {"public": PUBLIC, "tiny": TINY, "fused": _fused}
+SUITES: dict[str, Any] = {"public": PUBLIC, "tiny": TINY, "lowp": LOWP, "fused": _fused}
 
 
 def load_suite(name: str) -> list[dict[str, Any]]:

@@ -273,6 +273,10 @@ class PackedDotGemm(StructuralTemplate):
         k0, k1 = self.split(sch, "k_block", k)  # innermost up to the whole K/4
         mid = (i1, j1) if order == "ij" else (j1, i1)
         sch.reorder(i0, j0, k0, *mid, k1, i2, j2, j16, k4)
+        if self.llvm_import:  # the intrinsic's LLVM function, imported into the kernel's module
+            # by the k0 loop: the root block is rebuilt by relax's SplitLayoutRewritePreproc
+            # (its annotations lost), and the parallel postproc fuses the loops above k0
+            sch.annotate(k0, "pragma_import_llvm", self.llvm_import)
         # the micro-kernel's i2, j2 are unrolled by `FinishCacheBlock`, after the postprocs
         # split off the accumulators' zeroing (which copies the loops it sits in)
         for loop, role in ((i1, "rows"), (i2, "rows_unrolled"), (j1, "cols"),
@@ -287,8 +291,6 @@ class PackedDotGemm(StructuralTemplate):
         inner = sch.blockize(j16)
         sch.annotate(inner, "meta_schedule.auto_tensorize", use(self.intrin))
         root = sch.get_sblock("root")
-        if self.llvm_import:  # the intrinsic's LLVM function, imported into the kernel's module
-            sch.annotate(root, "pragma_import_llvm", self.llvm_import)
         sch.annotate(root, "meta_schedule.parallel", self.sample(sch, "parallel"))
         sch.annotate(root, "meta_schedule.unroll_explicit", self.sample(sch, "unroll"))
 
