@@ -40,6 +40,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--objective", default="auto",
                    help="--transfer: the farm model's objective for the warm runs (regression, "
                         "pairwise, ndcg; auto: the one that ranks held-out workloads best)")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
+                   help="--suite models and zoo: bfloat16 tunes and builds with tunefarm's "
+                        "--dtype bfloat16 (MetaSchedule the same relax module) and runs PyTorch "
+                        "with bf16 weights and inputs and under autocast; outputs checked "
+                        "against float32 PyTorch within bf16's tolerance")
     p.add_argument("--fast-math", action="store_true",
                    help="--suite models: GELU's erf/tanh as vectorizable approximations")
     p.add_argument("--trials", type=int, default=64, help="trial budget of each tuner (64)")

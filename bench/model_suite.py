@@ -33,6 +33,11 @@ from typing import Any
 
 from .torchref import checked_reference, torch_variants
 
+# (rtol, atol) of a bf16 run's outputs against float32 PyTorch: bf16 operands carry 8 bits of
+# mantissa (2^-8 = 4e-3 relative each); a layer's output sums hundreds of such products and
+# goes through a normalisation. Every variant's max error is recorded beside its check.
+BF16_TOLERANCE = (5e-2, 5e-2)
+
 SCALES = {
     "full": {"bert": dict(seq=128, hidden=768, heads=12, ffn=3072),
              "llama": dict(hidden=2048, heads=16, ffn=5632, cache=128),
@@ -194,7 +199,7 @@ def _calibrate_batch_norm(net: Any, inputs: tuple[Any, ...], torch: Any) -> None
 
 
 def _tune_tunefarm(mod: Any, tasks: list[Any], target: dict[str, Any], trials: int,
-                   work: Path, log: Any, fast_math: bool,
+                   work: Path, log: Any, passes: dict[str, Any],
                    earlier: dict[str, Any] | None = None) -> tuple[Any, dict[str, Any]]:
     """Tune (unless `earlier`: the info of the run whose database is in `work`) and build."""
     from tuner.db import Store
@@ -224,7 +229,7 @@ def _tune_tunefarm(mod: Any, tasks: list[Any], target: dict[str, Any], trials: i
                 options=MeasureOptions.from_settings(_settings(), target)))
         info = {"tuning_s": time.monotonic() - t0, "trials": summary.trials,
                 "estimate_s": summary.estimate_s, "curve": curve}
-    built = build(mod, target, TunefarmDatabase(store, ranking="median"), fast_math=fast_math)
+    built = build(mod, target, TunefarmDatabase(store, ranking="median"), **passes)
     return built.executable, {**(earlier or info), "untuned": built.untuned}
 
 
@@ -235,7 +240,7 @@ def _settings() -> Any:
 
 
 def _tune_metaschedule(mod: Any, part: Any, n_tasks: int, target: Any, trials: int, work: Path,
-                       fast_math: bool, earlier: dict[str, Any] | None = None, *,
+                       passes: dict[str, Any], earlier: dict[str, Any] | None = None, *,
                        threads: int = 2, seed: int = 0) -> tuple[Any, dict[str, Any]]:
     """MetaSchedule as TVM's `static_shape_tuning` pipeline runs it: `tune_relax` on the same
     partitioned module (constant weights bound and layout-free), 32 trials per iteration, then
@@ -262,7 +267,7 @@ def _tune_metaschedule(mod: Any, part: Any, n_tasks: int, target: Any, trials: i
                    "curve": best_so_far(stamped.batches, stamped.n_tasks or n_tasks)}
     else:
         db = ms.database.JSONDatabase(work_dir=str(work / "ms"), allow_missing=False)
-    return build(mod, target, db, fast_math=fast_math).executable, earlier
+    return build(mod, target, db, **passes).executable, earlier
 
 
 def run_models(args: Any) -> int:
@@ -292,7 +297,7 @@ def run_models(args: Any) -> int:
     previous = json.loads(saved.read_text()) if args.reuse_tuning and saved.exists() else {}
     if args.reuse_tuning:
         missing = [n for n in names if n not in previous
-                   or not (out_dir / f"work-{n}-{args.scale}").is_dir()]
+                   or not (out_dir / f"work-{n}-{args.scale}{_suffix(args)}").is_dir()]
         if missing:
             raise SystemExit(f"--reuse-tuning: no earlier run of {', '.join(missing)} "
                              f"in {out_dir}")
@@ -309,31 +314,32 @@ def run_models(args: Any) -> int:
         with torch.no_grad():
             program = torch.export.export(net, inputs)
         mod = relax_from_exported_program(program)
-        part = partition(mod, tgt, fast_math=args.fast_math)
+        passes = {"fast_math": args.fast_math, "dtype": args.dtype}  # tunefarm's and MS's
+        part = partition(mod, tgt, **passes)
         tasks = extract(part, tgt)
         print(f"== {name} ({args.scale}): {len(tasks)} tasks, "
               f"{sum(t.weight for t in tasks)} calls", flush=True)
         # the databases stay in --out: `--reuse-tuning` builds from them and times again
-        work = out_dir / f"work-{name}-{args.scale}"
+        work = out_dir / f"work-{name}-{args.scale}{_suffix(args)}"
         earlier = previous.get(name) if args.reuse_tuning else None
         if earlier is None:
             shutil.rmtree(work, ignore_errors=True)
             work.mkdir(parents=True)
         tf_exe, tf_info = _tune_tunefarm(mod, tasks, target, args.trials, work,
-                                         lambda m: print(m, flush=True), args.fast_math,
+                                         lambda m: print(m, flush=True), passes,
                                          earlier and earlier["tunefarm"])
         print(f"    tunefarm tuned in {tf_info['tuning_s']:.0f} s", flush=True)
         ms_prev = earlier["metaschedule"] if earlier else None
         skip_ms = args.skip_ms or ms_prev == {}  # reused: only if the earlier run tuned it
         ms_exe, ms_info = (None, {}) if skip_ms else _tune_metaschedule(
-            mod, part, len(tasks), tgt, args.trials, work, args.fast_math, ms_prev,
+            mod, part, len(tasks), tgt, args.trials, work, passes, ms_prev,
             threads=args.threads, seed=args.seed)
         if ms_exe is not None:
             print(f"    MetaSchedule tuned in {ms_info['tuning_s']:.0f} s", flush=True)
         exes = {"tunefarm": tf_exe, "metaschedule": ms_exe,
                 "tvm-untuned": tvm_mod.compile(part, target=tgt)}
         timed = _time(exes, net, inputs, reference, args, torch)
-        results[name] = {"scale": args.scale, "fast_math": args.fast_math, "tasks": len(tasks),
+        results[name] = {"scale": args.scale, **passes, "tasks": len(tasks),
                          "trials_per_task": args.trials,
                          "tunefarm": tf_info, "metaschedule": ms_info, "timing": timed}
         (out_dir / "models.json").write_text(json.dumps(results, indent=2, default=str))
@@ -358,9 +364,16 @@ def _time(exes: dict[str, Any], net: Any, inputs: tuple[Any, ...], reference: li
             # from_exported_program returns a tuple: the model has one output
             variants.append(Variant(label, fn=lambda vm=vm: vm["main"](*tvm_in)[0]))
     with torch.inference_mode():
-        variants += torch_variants(net, inputs, torch, compiled=not args.no_torch)
-        return time_interleaved(variants, reference, 1e-3, 1e-3, rounds=args.rounds,
+        variants += torch_variants(net, inputs, torch, compiled=not args.no_torch,
+                                   dtype=args.dtype)
+        tol = BF16_TOLERANCE if args.dtype == "bfloat16" else (1e-3, 1e-3)
+        return time_interleaved(variants, reference, *tol, rounds=args.rounds,
                                 min_ms=args.min_ms)
+
+
+def _suffix(args: Any) -> str:
+    """Of a work folder: a bf16 run's databases are not a float32 run's."""
+    return "-bf16" if args.dtype == "bfloat16" else ""
 
 
 def _summary(results: dict[str, Any], out_dir: Path) -> None:
@@ -374,6 +387,8 @@ def _summary(results: dict[str, Any], out_dir: Path) -> None:
 
         ratio = (f"{t['tunefarm'] / t['metaschedule']:.2f}"
                  if t.get("tunefarm") and t.get("metaschedule") else "-")
+        eager = [v for k, v in t.items() if k.startswith("pytorch") and v]  # bf16: + autocast
+        t["pytorch"] = min(eager) if eager else None
         compiled = [v for k, v in t.items() if k.startswith("torch.compile") and v]
         t["torch.compile"] = min(compiled) if compiled else None  # the best variant
         lines.append(f"| {name} ({r['scale']}) | {r['tasks']} | {ms(t.get('tunefarm'))} | "

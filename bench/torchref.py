@@ -26,15 +26,30 @@ TORCH_COMPILE_MODES = ("default", "max-autotune")
 
 
 def torch_variants(net: Any, inputs: tuple[Any, ...], torch: Any, *,
-                   compiled: bool = True) -> list[Any]:
+                   compiled: bool = True, dtype: str = "float32") -> list[Any]:
     """PyTorch as its experts run it on a CPU (call under `torch.inference_mode()`, threads set
     by the caller): eager, and `torch.compile` in the default and max-autotune modes, each with
     inductor's freezing (constant weights folded: batch norm into convolutions, weights prepacked
     for oneDNN), compiled on its first call here, before any timing; a convolution model also
-    channels-last (its inputs converted once, outside the timed call)."""
+    channels-last (its inputs converted once, outside the timed call).
+
+    `dtype` "bfloat16": the model and its float inputs converted to bf16 (eager and compiled,
+    "pytorch" and "torch.compile ..."), and eager under CPU autocast ("pytorch autocast": bf16
+    matmuls, float32 elsewhere, as `tune-model --dtype bfloat16` computes)."""
     from bench.timing import Variant
 
-    out = [Variant("pytorch", fn=lambda: net(*inputs))]
+    out = []
+    if dtype == "bfloat16":
+        fp32_net, fp32_inputs = net, inputs
+
+        def autocast() -> Any:
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                return fp32_net(*fp32_inputs)
+
+        out.append(Variant("pytorch autocast", fn=autocast))
+        net = copy.deepcopy(net).to(torch.bfloat16)
+        inputs = tuple(x.to(torch.bfloat16) if x.is_floating_point() else x for x in inputs)
+    out.insert(0, Variant("pytorch", fn=lambda: net(*inputs)))
     if not compiled:
         return out
     has_conv = any(isinstance(m, torch.nn.Conv2d) for m in net.modules())

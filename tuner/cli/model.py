@@ -28,6 +28,19 @@ BuildApiOpt = Annotated[str | None, typer.Option(
 FastMathOpt = Annotated[bool, typer.Option(
     "--fast-math", help="GELU's erf and tanh as vectorizable approximations (about 1e-6 "
                         "relative error); give it to tune-model and build alike.")]
+DtypeOpt = Annotated[str, typer.Option(
+    "--dtype", help="float32, or bfloat16: the model's linear layers on bf16 operands with "
+                    "float32 sums (bf16 weights; the rest in float32); give it to tune-model "
+                    "and build alike.")]
+
+
+def _dtype(dtype: str) -> str:
+    from tuner.model.lowp import DTYPES
+
+    if dtype not in DTYPES:
+        raise SpecError(f"--dtype {dtype!r}: a model is tuned in one of {', '.join(DTYPES)}",
+                        field="dtype")
+    return dtype
 
 
 def _tasks_table(tasks: list[Any], title: str) -> Table:
@@ -49,6 +62,7 @@ def tune_model(
         "--wall-budget-s", "--wall-budget", min=1,
         help="Start no new round after this many seconds.")] = None,
     fast_math: FastMathOpt = False,
+    dtype: DtypeOpt = "float32",
     db: DbOpt = None,
     api: ServiceOpt = None, token: TokenOpt = None,
     follow: Annotated[bool, typer.Option(
@@ -66,7 +80,8 @@ def tune_model(
     s = get_settings()
     try:
         tgt = target_arg(target, runnable_here=api is None)
-        tasks = extract(partition(load_model(model), tgt, fast_math=fast_math), tgt)
+        tasks = extract(partition(load_model(model), tgt, fast_math=fast_math,
+                                  dtype=_dtype(dtype)), tgt)
         if not tasks:
             raise SpecError(f"{model} has no operator to tune", field="model")
         if api is not None:
@@ -174,6 +189,7 @@ def build(
         "model.so"),
     device_key: Annotated[str, typer.Option(help="Board class whose records to use.")] = "local",
     fast_math: FastMathOpt = False,
+    dtype: DtypeOpt = "float32",
     db: DbOpt = None,
     api: BuildApiOpt = None, token: TokenOpt = None,
 ) -> None:
@@ -195,7 +211,8 @@ def build(
 
             # the record `tunefarm best` and GET /v1/best show: the fastest by median time
             database = TunefarmDatabase(open_store(db), device_key, ranking="median")
-        built = build_model(load_model(model), tgt, database, fast_math=fast_math)
+        built = build_model(load_model(model), tgt, database, fast_math=fast_math,
+                            dtype=_dtype(dtype))
     except TunefarmError as exc:
         fail(exc)
     except (ApiError, RuntimeError) as exc:  # RuntimeError: an ApiError raised across TVM's FFI

@@ -1,7 +1,8 @@
 """The one relax pipeline a model goes through, for extraction and for the build alike, so the
 tasks tuned are exactly the PrimFuncs the build looks up:
 
-    partition   `fixups` (what TVM cannot compile as its frontends produce it),
+    partition   `lowp` (`--dtype bfloat16`: linear layers on bf16 operands),
+                `fixups` (what TVM cannot compile as its frontends produce it),
                 DecomposeOpsForInference, CanonicalizeBindings, LegalizeOps,
                 AnnotateTIROpPattern, FoldConstant, FuseOps, FuseTIR,
                 AttachAttrLayoutFreeBuffers (weights bound as constants may be packed), and
@@ -27,6 +28,7 @@ from ..workloads.bounds import clamp_data_dependent
 from ..workloads.identity import identity_hash
 from .fastmath import FastGelu
 from .fixups import BoolCompare, SmallPower
+from .lowp import dtype_passes
 
 __all__ = ["Built", "ModelTask", "apply", "build", "extract", "partition", "task_flops"]
 
@@ -70,11 +72,14 @@ def _as_target(target: Any) -> Any:
     return target if isinstance(target, tvm.target.Target) else make_target(target)
 
 
-def partition(mod: Any, target: Any, *, fast_math: bool = False) -> Any:
+def partition(mod: Any, target: Any, *, fast_math: bool = False,
+              dtype: str = "float32") -> Any:
     """The model with every operator legalized to TIR and fused into tasks; `fast_math`:
-    GELU, erf and tanh as vectorizable approximations (`tuner.model.fastmath`)."""
+    GELU, erf and tanh as vectorizable approximations (`tuner.model.fastmath`); `dtype`
+    "bfloat16": its linear layers on bf16 operands (`tuner.model.lowp`)."""
     target = _as_target(target)
-    passes = [*([FastGelu()] if fast_math else []), BoolCompare(), SmallPower(),
+    passes = [*([FastGelu()] if fast_math else []), *dtype_passes(dtype), BoolCompare(),
+              SmallPower(),
               relax.transform.DecomposeOpsForInference(), relax.transform.CanonicalizeBindings(),
               relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern(),
               relax.transform.FoldConstant(), relax.transform.FuseOps(),
@@ -102,13 +107,13 @@ def extract(partitioned: Any, target: Any) -> list[ModelTask]:
     return sorted(merged.values(), key=lambda t: (-t.weight, t.name))
 
 
-def apply(mod: Any, target: Any, database: Any, *,
-          fast_math: bool = False) -> tuple[Any, list[ModelTask], list[str]]:
+def apply(mod: Any, target: Any, database: Any, *, fast_math: bool = False,
+          dtype: str = "float32") -> tuple[Any, list[ModelTask], list[str]]:
     """(the partitioned model with `database`'s schedules applied and constant weights' packing
     folded, its tasks, the names of those without a record). `database`: any MetaSchedule
     database (`TunefarmDatabase` over SQL, `api.client.ms_database.RemoteDatabase`)."""
     target = _as_target(target)
-    part = partition(mod, target, fast_math=fast_math)
+    part = partition(mod, target, fast_math=fast_math, dtype=dtype)
     tasks = extract(part, target)
     untuned = [t.name for t in tasks
                if database.query_tuning_record(tvm.IRModule({"main": t.func}), target,
@@ -120,8 +125,9 @@ def apply(mod: Any, target: Any, database: Any, *,
     return applied, tasks, untuned
 
 
-def build(mod: Any, target: Any, database: Any, *, fast_math: bool = False) -> Built:
+def build(mod: Any, target: Any, database: Any, *, fast_math: bool = False,
+          dtype: str = "float32") -> Built:
     """Compile the model for `target` with `database`'s schedules."""
     target = _as_target(target)
-    applied, tasks, untuned = apply(mod, target, database, fast_math=fast_math)
+    applied, tasks, untuned = apply(mod, target, database, fast_math=fast_math, dtype=dtype)
     return Built(tvm.compile(applied, target=target), tasks, untuned)
