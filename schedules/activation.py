@@ -88,13 +88,15 @@ def _schedule(t: ActivationX86, sch: Any, m: ActivationMatch) -> tuple[int, int]
     for b, name in zip(blocks[:at], names[:at], strict=True):
         if name != m.input_block:
             sch.compute_inline(b)
-    for b in blocks[at + 1:-2]:
+    k = m.copy_out
+    for b in blocks[at + 1:-1 - k if k else -2]:
         sch.compute_inline(b)
-    if m.copy_out:  # relax's reshape back: folded the other way, so that the blocks' indices
-        # stay those of the activation (through a reshape, compute_at could not tell which
-        # elements a step needs)
-        sch.reverse_compute_inline(blocks[-1])
-        out = blocks[-2]
+    if k:  # relax's reshape back (and a cast): folded the other way, so that the blocks'
+        # indices stay those of the activation (through a reshape, compute_at could not tell
+        # which elements a step needs)
+        for b in reversed(blocks[-k:]):
+            sch.reverse_compute_inline(b)
+        out = blocks[-1 - k]
     else:
         if at < len(blocks) - 2:
             sch.compute_inline(blocks[-2])

@@ -21,7 +21,15 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from schedules.match import COMM_REDUCE, DATA_PAR, NoMatch, cached_match, child_blocks, is_var
+from schedules.match import (
+    COMM_REDUCE,
+    DATA_PAR,
+    NoMatch,
+    cached_match,
+    child_blocks,
+    is_var,
+    loads,
+)
 from tuner.core.tvm_api import tvm
 from tuner.workloads import Workload
 
@@ -33,7 +41,10 @@ class ActivationMatch:
     act: str  # the activation block's name
     fn: str  # erf, tanh or sigmoid
     input_block: str | None  # the block computing the activation's input (None: a parameter)
-    copy_out: bool  # the last block copies (reshapes) the one before it, which follows the act
+    # trailing blocks, after the one that follows the activation, each of which copies (reshapes)
+    # the block before it or computes each element from that one's element alone (the cast to
+    # bf16 of a bf16 model's GEMM input): relax's reshape back, then the cast
+    copy_out: int
     row: int  # extent of the output's last dimension (the activation's too)
 
 
@@ -100,8 +111,8 @@ def match_activation_func(func: Any) -> ActivationMatch | NoMatch:
         return NoMatch("the last block is not the one block writing an output")
     out = blocks[-1].body.buffer
     act = blocks[at].body.buffer
-    if str(out.dtype) != "float32":
-        return NoMatch("the output is not float32")
+    if str(out.dtype) not in ("float32", "bfloat16"):  # bf16: cast for a bf16 GEMM's input
+        return NoMatch("the output is not float32 (nor bfloat16)")
     row = int(out.shape[-1])
     if int(act.shape[-1]) != row:
         return NoMatch(f"the activation's last dimension ({int(act.shape[-1])}) is not the "
@@ -110,11 +121,23 @@ def match_activation_func(func: Any) -> ActivationMatch | NoMatch:
     producer = next((b for b in blocks[:at] if b.body.buffer.same_as(src)), None)
     if producer is None and not any(src.same_as(p) for p in params):
         return NoMatch("the activation's input is neither an input nor computed before it")
-    last = blocks[-1].body.value
-    copy_out = (at < len(blocks) - 2 and isinstance(last, tvm.ir.TensorLoad)
-                and last.source.same_as(blocks[-2].body.buffer))
+    copy_out = 0
+    while at < len(blocks) - 2 - copy_out and _copies(blocks[-1 - copy_out],
+                                                      blocks[-2 - copy_out]):
+        copy_out += 1
     return ActivationMatch(blocks[at].name_hint, fn,
                            None if producer is None else producer.name_hint, copy_out, row)
+
+
+def _copies(b: Any, prev: Any) -> bool:
+    """`b` copies `prev`'s result (at any indices: a reshape), or computes each element from
+    `prev`'s element at its own iterators alone (a cast)."""
+    value, its = b.body.value, [iv.var for iv in b.iter_vars]
+    if isinstance(value, tvm.ir.TensorLoad):
+        return bool(value.source.same_as(prev.body.buffer))
+    reads = loads(value)
+    return bool(reads) and all(r.source.same_as(prev.body.buffer) and len(r.indices) == len(its)
+                               and all(map(is_var, r.indices, its)) for r in reads)
 
 
 def match_activation(workload: Workload) -> ActivationMatch | NoMatch:

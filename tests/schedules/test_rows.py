@@ -59,6 +59,28 @@ def test_an_activation_writing_the_output_is_tensorized_in_place() -> None:
         check_outputs(sch, wl, X86)
 
 
+def test_a_gelu_cast_to_bf16_for_the_next_gemm_is_served() -> None:
+    """A bf16 model's GELU (`tune-model --dtype bfloat16`): reshape, GELU, reshape back, then
+    the cast to bf16 of the next linear layer's input, one task; both trailing blocks folded
+    the other way into the activation's chain, the cast stored per vector."""
+    shape = (32, 96)
+
+    def body(bb: Any, x: Any) -> Any:
+        y = bb.emit(relax_tasks.op("reshape")(x, (1, *shape)))
+        y = bb.emit(relax_tasks.op("reshape")(bb.emit(relax_tasks.op("nn.gelu")(y)), shape))
+        return relax_tasks.op("astype")(y, "bfloat16")
+
+    (func,) = relax_tasks.tasks({"x": shape}, {}, body).values()
+    m = match_activation_func(func)
+    assert isinstance(m, ActivationMatch) and m.fn == "erf" and m.copy_out == 2, m
+    wl = tir(func)
+    assert wl.arg_specs()[-1][2] == "bfloat16"
+    assert registry.resolve("default", wl, X86) == "activation-x86"
+    for sch in sample_points(registry.space_generator("activation-x86", wl, X86), wl, X86, n=2):
+        assert "T.erf(" not in sch.mod.script()
+        check_outputs(sch, wl, X86)
+
+
 def _transposed_gelu(add: bool) -> Any:
     def body(bb: Any, x: Any, y: Any) -> Any:
         t = relax_tasks.op("permute_dims")(bb.emit(relax_tasks.op("nn.gelu")(x)), [1, 0])
