@@ -32,7 +32,8 @@ _COMPARISONS = frozenset(f"relax.{op}" for op in (
     "equal", "not_equal", "less", "less_equal", "greater", "greater_equal"))
 
 
-def _dtype(expr: Any) -> str | None:
+def dtype_of(expr: Any) -> str | None:
+    """The dtype of a relax expression's tensor, or None."""
     dtype = getattr(getattr(expr, "ty", None), "dtype", None)
     return None if dtype is None else str(dtype)
 
@@ -42,11 +43,11 @@ class _BoolCompare(relax.PyExprMutator):  # type: ignore[misc]
     def visit_call_(self, call: Any) -> Any:
         call = super().visit_call_(call)
         name = getattr(call.op, "name", "")
-        if name == "relax.cumsum" and _dtype(call.args[0]) == "bool":
+        if name == "relax.cumsum" and dtype_of(call.args[0]) == "bool":
             return relax.Call(call.op, [relax.op.astype(call.args[0], "int64")], call.attrs)
         if name not in _COMPARISONS:
             return call
-        dtypes = [_dtype(a) for a in call.args]
+        dtypes = [dtype_of(a) for a in call.args]
         if "bool" not in dtypes:
             return call
         args = [relax.op.astype(a, "int8") if dt == "bool" else a
@@ -73,7 +74,7 @@ class _SmallPower(relax.PyExprMutator):  # type: ignore[misc]
         if getattr(call.op, "name", "") != "relax.power":
             return call
         x, n = call.args[0], _small_power(call.args[1])
-        if n is None or not (_dtype(x) or "").startswith("float"):
+        if n is None or not (dtype_of(x) or "").startswith("float"):
             return call
         if n == 2:
             return relax.op.multiply(x, x)

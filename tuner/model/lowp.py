@@ -23,17 +23,12 @@ from __future__ import annotations
 from typing import Any
 
 from ..core.tvm_api import relax, tvm
-from .fixups import mutate_functions
+from .fixups import dtype_of, mutate_functions
 
 DTYPES = ("float32", "bfloat16")  # `--dtype` of tune-model and build
 # ops that hand on a constant's values rearranged: the weight of `x @ w.T` or of a reshaped `w`
 _VIEWS = frozenset({"relax.permute_dims", "relax.reshape", "relax.squeeze",
                     "relax.expand_dims"})
-
-
-def _dtype(expr: Any) -> str | None:
-    dtype = getattr(getattr(expr, "ty", None), "dtype", None)
-    return None if dtype is None else str(dtype)
 
 
 @relax.expr_functor.mutator
@@ -56,7 +51,7 @@ class _MatmulsInBF16(relax.PyExprMutator):  # type: ignore[misc]
         if getattr(call.op, "name", "") != "relax.matmul":
             return call
         x, w = call.args
-        if _dtype(x) != "float32" or _dtype(w) != "float32" or not self._is_weight(w):
+        if dtype_of(x) != "float32" or dtype_of(w) != "float32" or not self._is_weight(w):
             return call
         return relax.op.matmul(relax.op.astype(x, "bfloat16"), relax.op.astype(w, "bfloat16"),
                                out_dtype="float32")
