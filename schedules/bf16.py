@@ -15,8 +15,10 @@ zmm) and X's two bf16 of a k step are broadcast as one 32-bit word. Twice fp32 F
 instruction, half its bytes per operand: `bench/peak.c` built with -mavx512bf16 gives the peak.
 
 The instruction is reached through an LLVM function the kernel imports (the intrinsic
-`dot_16x2_bf16_avx512`, schedules/dot_intrinsics.py, says why); the import is an annotation of
-the root block, so a stored trace carries it and replays anywhere.
+`dot_16x2_bf16_avx512`, schedules/dot_intrinsics.py, says why); the import is a
+`pragma_import_llvm` annotation of the k0 loop (not of the root block, which relax's
+SplitLayoutRewritePreproc rebuilds without its annotations), so a stored trace carries it and
+replays anywhere.
 """
 
 from __future__ import annotations

@@ -125,7 +125,7 @@ DOT_FACTORIES[PMADDWD_8x2_AVX2] = _pmaddwd_intrin
 # - A's two bf16 and B's 32 are loaded by TVM and reinterpreted as int32 (a `reinterpret` is the
 #   one call the legalizer leaves alone): an i32 broadcast to 16 lanes, and <16 x i32>;
 # - the call goes through a small LLVM function imported into the kernel (`BF16_IMPORT`, by the
-#   root block's `pragma_import_llvm` annotation; LLVM inlines it) that bitcasts those to
+#   template's `pragma_import_llvm` annotation of a loop; LLVM inlines it) that bitcasts those to
 #   <32 x bfloat> and calls the instruction;
 # - the function also takes A's and B's data pointers, unused: an opaque use of a buffer keeps
 #   BF16ComputeLegalize from turning an internal bf16 buffer (the packed weight, when the packing

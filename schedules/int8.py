@@ -218,7 +218,7 @@ class PackedDotGemm(StructuralTemplate):
     instruction: `lanes` accumulators per register, `group` products summed per lane,
     `registers` vector registers, the tensor intrinsic `intrin`, the operands `dtype` (a
     GemmMatch.dtype: INT8 here, BF16 in schedules/bf16.py), and LLVM IR the intrinsic calls
-    (`llvm_import`, imported by the root block's `pragma_import_llvm`), if any."""
+    (`llvm_import`, imported by the k0 loop's `pragma_import_llvm`), if any."""
 
     ops: tuple[str, ...] = ("dense_int8", "tir")
     tensorize = True  # RewriteTensorize tensorizes the blockized update, vectorizes the init
