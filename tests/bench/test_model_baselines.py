@@ -15,6 +15,8 @@ from bench import model_suite as models
 from bench import torchref
 from bench.timing import check
 
+PASSES = {"fast_math": False, "dtype": "float32"}  # the model pipeline's options, both tuners
+
 
 def test_metaschedules_library_is_built_by_tunefarms_passes(tmp_path: Path,
                                                               monkeypatch: pytest.MonkeyPatch
@@ -25,7 +27,8 @@ def test_metaschedules_library_is_built_by_tunefarms_passes(tmp_path: Path,
 
     seen: list[tuple[Any, Any]] = []
 
-    def spy(mod: Any, target: Any, database: Any, *, fast_math: bool = False) -> Any:
+    def spy(mod: Any, target: Any, database: Any, **passes: Any) -> Any:
+        assert passes == PASSES
         seen.append((mod, database))
         return pipeline.Built(executable="exe", tasks=[], untuned=[])
 
@@ -34,7 +37,7 @@ def test_metaschedules_library_is_built_by_tunefarms_passes(tmp_path: Path,
     (work / "ms").mkdir(parents=True)
     for name in ("database_workload.json", "database_tuning_record.json"):
         (work / "ms" / name).write_text("")
-    exe, info = models._tune_metaschedule("MOD", "PART", 3, "llvm", 16, work, False,
+    exe, info = models._tune_metaschedule("MOD", "PART", 3, "llvm", 16, work, PASSES,
                                           earlier={"tuning_s": 1.0, "trials": 48})
     assert exe == "exe" and info["trials"] == 48
     (mod, db), = seen
@@ -80,6 +83,28 @@ def test_pytorch_runs_eager_and_compiled_with_freezing_and_max_autotune(
     assert not any("channels-last" in v.name for v in linear)  # no convolution: no layout
 
 
+def test_pytorch_in_bf16_runs_bf16_weights_and_autocast() -> None:
+    """`--dtype bfloat16`: the model converted to bf16 (its output bf16, widened exactly for the
+    check) and the float32 model under CPU autocast, both within bf16's tolerance of float32."""
+    torch = pytest.importorskip("torch")
+    from bench.timing import Variant, time_interleaved
+
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.GELU()).eval()
+    x = torch.randn(8, 64)
+    with torch.inference_mode():
+        ref = [net(x).numpy()]
+        variants = torchref.torch_variants(net, (x,), torch, compiled=False, dtype="bfloat16")
+        assert [v.name for v in variants] == ["pytorch", "pytorch autocast"]
+        assert variants[0].fn().dtype == torch.bfloat16
+        assert next(net.parameters()).dtype == torch.float32  # the caller's model untouched
+        timed = time_interleaved([*variants, Variant("float32", fn=lambda: net(x))], ref,
+                                 *models.BF16_TOLERANCE, rounds=1, min_ms=1.0, pause_s=0.0,
+                                 log=lambda _m: None)
+    assert all(t["correct"] for t in timed.values()), timed
+    assert timed["pytorch"]["max_abs_err"] > 1e-4 > timed["float32"]["max_abs_err"]
+
+
 def test_the_output_check_fails_on_a_perturbed_output() -> None:
     ref = np.random.default_rng(0).standard_normal((4, 16)).astype("float32")
     assert check([ref.copy()], [ref], 1e-3, 1e-3)["ok"]
@@ -115,7 +140,8 @@ def test_metaschedule_tunes_a_model_with_the_op_suites_builder_and_runner(
     monkeypatch.setattr(ms.relax_integration, "tune_relax", tune_relax)
     monkeypatch.setattr(pipeline, "build", lambda *a, **k: pipeline.Built(
         executable="exe", tasks=[], untuned=[]))
-    models._tune_metaschedule("MOD", "PART", 3, "llvm", 16, tmp_path, False, threads=2, seed=7)
+    models._tune_metaschedule("MOD", "PART", 3, "llvm", 16, tmp_path, PASSES, threads=2,
+                              seed=7)
     s = get_settings()
     builder, runner = got["builder"]._inst, got["runner"]._inst  # TVM's derived objects
     assert builder.f_build is fast_build and builder.timeout_sec == s.build_timeout_s

@@ -41,6 +41,7 @@ SPECS: list[dict[str, Any]] = [
     {"op": "dense", "shape": [16, 32, 24]},
     {"op": "batch_matmul", "shape": [2, 8, 32, 16]},
     {"op": "dense", "shape": [64, 64, 32], "dtype": "float16"},
+    {"op": "dense", "shape": [16, 32, 24], "dtype": "bfloat16"},  # dense-bf16-avx512
     {"op": "dense_int8", "shape": [8, 32, 64]},
     {"op": "softmax", "shape": [8, 64]},
     {"op": "conv2d", "shape": [1, 16, 10, 10, 32, 3, 3], "padding": 1},
