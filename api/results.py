@@ -35,7 +35,7 @@ import math
 from typing import Any
 
 from tuner.db import trials
-from tuner.db.rows import NewRecord
+from tuner.db.rows import NewRecord, check_knobs
 from tuner.db.workers import WorkerRow
 from tuner.interop.records import record_from
 from tuner.measure import Invalidity, MeasureInput, MeasureResult
@@ -127,6 +127,10 @@ def _record(ctx: ApiContext, inp: MeasureInput,
         raise _invalid("must be a finite number of seconds above zero",
                        "input.context.predicted_s")
     try:
+        check_knobs((inp.context or {}).get("knobs"))
+    except ValueError as exc:
+        raise _invalid(str(exc), "input.context.knobs") from exc
+    try:
         rec = record_from(inp, res)
     except (TypeError, ValueError, KeyError) as exc:
         raise _invalid(f"the input's context cannot make a record: {exc}", "input.context") from exc
@@ -197,7 +201,8 @@ def commit(ctx: ApiContext, worker: WorkerRow, body: ResultCreate) -> ResultPubl
         if rec.job_id and confirms is None:  # a confirmation is none of the job's trials
             events.publish(ctx.sync_redis, ctx.keys, rec.job_id, "record", {
                 "trial_id": rec.trial_id, "invalidity": str(res.invalidity),
-                "latency_s": res.median_s, "worker": res.worker, "build_s": res.build_s})
+                "latency_s": res.median_s, "worker": res.worker, "build_s": res.build_s,
+                "predicted_s": rec.predicted_s, "knobs": rec.knobs})
         log.info("trial %s of job %s from worker %s: %s", rec.trial_id, rec.job_id, worker.id,
                  res.invalidity)
     return ResultPublic(trial_id=rec.trial_id, inserted=inserted)

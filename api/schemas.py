@@ -162,6 +162,14 @@ class JobPoints(BaseModel):
     build_s: list[float | None]
     predicted_s: list[float | None]
     measured_at: list[str]
+    knobs: dict[str, list[Any]] = Field(default_factory=dict, description=(
+        "One list per knob, named as `GET /v1/spaces` names the space's knobs (positionally, "
+        "\"tile 0\", for the generated space): the value each record's candidate took, null "
+        "where a record names no such knob (records measured before knobs were named)."))
+    knob_importance: dict[str, float | None] = Field(default_factory=dict, description=(
+        "Each knob's ω² over the valid records: the share of the variance of log latency its "
+        "value alone explains (one-way ANOVA's effect size; interactions not separated); null "
+        "where too few records or as many values as records."))
 
 
 class WorkloadBest(BaseModel):

@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from itertools import product
 from typing import Any, ClassVar
 
+from schedules import naming
 from schedules.knobs import (
     Categorical,
     DesignSpace,
@@ -174,6 +175,7 @@ class Template(ABC):
         assert isinstance(knob, Categorical), f"{self.name}: {name} is not categorical"
         assert knob.fits is None or extent is not None, f"{self.name}: {name} needs an extent"
         cands, probs = knob.distribution(extent)
+        naming.note(name)
         return sch.sample_categorical(candidates=cands, probs=probs)
 
     def tile(self, sch: Any, name: str, loop: Any) -> list[Any]:
@@ -183,6 +185,7 @@ class Template(ABC):
         inner = knob.max_innermost
         if inner is None:
             inner = int(sch.get(loop).extent)
+        naming.note(name)
         return list(sch.sample_perfect_tile(loop, n=knob.parts, max_innermost_factor=inner))
 
     def split(self, sch: Any, name: str, loop: Any, *, narrow: bool = False,
@@ -193,6 +196,7 @@ class Template(ABC):
         knob = self.KNOBS[name]
         if isinstance(knob, RegisterTile):
             cands = knob.choices(int(sch.get(loop).extent), narrow=narrow, partial=partial)
+            naming.note(name)
             v = sch.sample_categorical(candidates=cands, probs=uniform(len(cands)))
             return list(sch.split(loop, [None, v]))
         return list(sch.split(loop, self.tile(sch, name, loop)))
@@ -238,11 +242,13 @@ class Template(ABC):
         `sch` itself, scheduled in place, the others copies of it. With `variant` (one entry's
         keyword arguments): that design space alone, in `sch`."""
         if variant:
+            naming.begin_space()
             self.schedule(sch, workload, target, **variant)
             return [sch]
         variants = self.design_variants(workload)
         spaces = [sch, *(sch.copy() for _ in variants[1:])]
         for s, kw in zip(spaces, variants, strict=True):
+            naming.begin_space()
             self.schedule(s, workload, target, **kw)
         return spaces
 

@@ -14,7 +14,9 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from schedules import naming
 from schedules.base import Template
+from schedules.naming import KnobNamer
 from tuner.core.errors import SpecError
 from tuner.workloads import Workload
 
@@ -126,6 +128,37 @@ def space_generator(name: str, workload: Workload, target: Any) -> Any:
     if name == "auto":
         return "post-order-apply"
     return TEMPLATES[name].space(workload, target)
+
+
+_NAMERS: dict[tuple[str, str, str], KnobNamer] = {}
+
+
+def knob_namer(name: str, workload: Workload, target: Any) -> KnobNamer:
+    """Names the knob values of space `name`'s candidates for `workload` on `target` (cached):
+    the template's design spaces generated once while their knob names are noted
+    (schedules/naming.py); "auto" and a space that fails to generate name knobs by position."""
+    if name == "default":
+        name = resolve(name, workload, target)
+    key = (name, workload.key, str(target))
+    if key not in _NAMERS:
+        spaces: list[tuple[str, list[str]]] = []
+        if name != "auto":
+            from tuner.core import tvm_api as tv
+
+            try:
+                with naming.recording() as notes:
+                    ctx = tv.tune_context(workload.mod(), target,
+                                          space=TEMPLATES[name].space(workload, target),
+                                          strategy=search_strategy(name), seed=0, num_threads=1)
+                    designs = tv.design_spaces(ctx)
+                spaces = [(naming.signature(naming.samples(tv.trace_to_json(d.trace))), names)
+                          for d, names in zip(designs, notes, strict=True)]
+            except (SpecError, RuntimeError, ValueError):
+                spaces = []
+        _NAMERS[key] = KnobNamer(spaces)
+        if len(_NAMERS) > 1024:
+            _NAMERS.pop(next(iter(_NAMERS)))
+    return _NAMERS[key]
 
 
 def search_strategy(name: str) -> Any:

@@ -112,6 +112,20 @@ def job_points(job_id: str, ctx: CtxDep, principal: UserDep) -> JobPoints:
     return JobPoints(flops=flops, **dashboard.job_points(ctx.store, job.id, flops))
 
 
+@router.get("/{job_id}/points.csv", response_class=Response, responses={
+    **_PROBLEMS, 200: {"content": {"text/csv": {}},
+                       "description": "One row per record: the points' columns, then a column "
+                                      "per knob"}})
+def job_points_csv(job_id: str, ctx: CtxDep, principal: UserDep) -> Response:
+    """The job's points (`/points`) as CSV, a column per knob (a tile's factors as JSON), for a
+    spreadsheet or pandas; the dashboard's "CSV" download."""
+    job = jobs.get(ctx, job_id, principal)
+    flops = jobs_db.job_stats(ctx.store, job).flops
+    body = dashboard.points_csv(dashboard.job_points(ctx.store, job.id, flops))
+    return Response(body, media_type="text/csv; charset=utf-8", headers={
+        "Content-Disposition": f'attachment; filename="job-{job.id[:8]}.csv"'})
+
+
 @router.get("/{job_id}/events", response_class=StreamingResponse, responses={
     **_PROBLEMS, 400: {"model": Problem, "description": "`bad_event_id`: not a stream id"},
     200: {"content": {"text/event-stream": {}},

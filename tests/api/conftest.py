@@ -146,10 +146,11 @@ def make_result() -> Callable[..., dict[str, Any]]:
 def result_body(ctx: Any, job: dict[str, Any], *, latency_s: float | None = 1e-3,
                 invalidity: str = "ok", trial_id: str | None = None,
                 trace_json: str | None = None, issue: bool = True,
-                device_key: str | None = None) -> dict[str, Any]:
-    """A worker's result post for `job`, with a real, replayable trace of its workload; its
-    trial is issued (`tuner.db.trials.issue`) to `device_key` (default: the job's) unless
-    `issue` is False."""
+                device_key: str | None = None,
+                knobs: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A worker's result post for `job`, with a real, replayable trace of its workload (and
+    the candidate's `knobs` in its context, when given); its trial is issued
+    (`tuner.db.trials.issue`) to `device_key` (default: the job's) unless `issue` is False."""
     from tuner.db import trials
     from tuner.measure import Invalidity, MeasureInput, MeasureResult
 
@@ -160,7 +161,8 @@ def result_body(ctx: Any, job: dict[str, Any], *, latency_s: float | None = 1e-3
         target=job["target"], trace_json=trace_json or trivial_trace(job["workload"]),
         context={"job_id": job["id"], "workload_id": j.workload_id, "target_id": j.target_id,
                  "space": job["space"], "cand_hash": uuid.uuid4().hex[:16],
-                 "decisions": [], "features_b64": None, "tvm_version": "test"})
+                 "decisions": [], "features_b64": None, "tvm_version": "test",
+                 **({"knobs": knobs} if knobs is not None else {})})
     if issue:
         dkey = device_key or ctx.store.get_target(j.target_id).device_key
         trials.issue(ctx.store, [inp], dkey, ttl_s=600)

@@ -4,6 +4,9 @@ op and owner filters, with their scopes and ownership."""
 
 from __future__ import annotations
 
+import csv
+import io
+import json
 import re
 from collections.abc import Callable
 from typing import Any
@@ -99,6 +102,39 @@ def test_points_are_the_jobs_records_as_columns_for_its_owner_only(
     hidden = client.get(f"/v1/jobs/{job['id']}/points", headers=other)
     assert hidden.status_code == 404 and hidden.json()["code"] == "not_found"
     assert client.get(f"/v1/jobs/{job['id']}/points", headers=worker).status_code == 403
+
+
+def test_points_name_each_records_knobs_with_their_importance_and_download_as_csv(
+        client: Any, user: dict[str, str], worker: dict[str, str], submit: Submit,
+        result_for: ResultFor) -> None:
+    job = submit(user)
+    # latency follows `mr` exactly (with repeats of each value), `unroll` only by chance
+    rows = [({"mr": mr, "unroll": u, "tile_m": [2, mr]}, 1e-3 * mr)
+            for mr, u in [(2, 0), (2, 16), (4, 0), (4, 16), (8, 0), (8, 16)]]
+    bodies = [result_for(job, latency_s=lat, knobs=k) for k, lat in rows]
+    bodies.append(result_for(job))  # a record measured before knobs were named
+    for body in bodies:
+        _post(client, worker, body)
+    pts = client.get(f"/v1/jobs/{job['id']}/points", headers=user).json()
+    assert list(pts["knobs"]) == ["mr", "unroll", "tile_m"]
+    assert pts["knobs"]["mr"] == [2, 2, 4, 4, 8, 8, None]
+    assert pts["knobs"]["tile_m"][0] == [2, 2]
+    imp = pts["knob_importance"]
+    assert imp["mr"] == pytest.approx(1.0, abs=0.01)  # it alone sets the latency
+    assert imp["unroll"] == 0.0  # it explains nothing beyond chance
+    assert imp["tile_m"] == pytest.approx(imp["mr"])  # its second factor is mr
+    record = client.get(f"/v1/jobs/{job['id']}/records", headers=user).json()["items"][0]
+    assert record["knobs"] == rows[0][0]
+
+    resp = client.get(f"/v1/jobs/{job['id']}/points.csv", headers=user)
+    assert resp.status_code == 200, resp.text
+    assert resp.headers["content-type"].startswith("text/csv")
+    assert "attachment" in resp.headers["content-disposition"]
+    table = list(csv.DictReader(io.StringIO(resp.text)))
+    assert [r["trial_id"] for r in table] == pts["trial_id"]
+    assert table[0]["mr"] == "2" and json.loads(table[0]["tile_m"]) == [2, 2]
+    assert table[-1]["mr"] == ""  # no knobs named
+    assert client.get(f"/v1/jobs/{job['id']}/points.csv", headers=worker).status_code == 403
 
 
 def test_the_best_table_gives_each_workloads_best_and_its_speedup_over_the_first(

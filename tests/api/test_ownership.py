@@ -132,6 +132,6 @@ def test_shared_views_of_a_workload_omit_the_tvmscript() -> None:
     assert shared_spec(matmul) == matmul
     fields: dict[str, Any] = dict.fromkeys(BestPublic.model_fields)
     fields.update(trial_id="t", workload_key="k", space="s", invalidity="ok", latencies_s=[],
-                  noisy=False, decisions=[], tvm_version="x", measured_at="now",
+                  noisy=False, decisions=[], knobs={}, tvm_version="x", measured_at="now",
                   schedule_python="", workload=tir, trust="local")
     assert "secret" not in BestPublic.model_validate(fields).model_dump_json()

@@ -7,7 +7,6 @@ $TUNEFARM_SCREENSHOTS (default: the test's tmp dir; docs/screenshots come from h
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
@@ -19,53 +18,15 @@ from typing import Any
 import pytest
 
 from tests.e2e.farm import TARGET, Farm, running_farm
+from tests.e2e.ui import Ui
 
 pytestmark = pytest.mark.slow
-
-@pytest.fixture
-def shots(tmp_path: Path) -> Path:
-    out = Path(os.environ.get("TUNEFARM_SCREENSHOTS") or tmp_path / "screenshots")
-    out.mkdir(parents=True, exist_ok=True)
-    return out
-
 
 @pytest.fixture
 def farm(pg_url: str, private_redis_url: str, tmp_path: Path) -> Iterator[Farm]:
     with running_farm(pg_url, private_redis_url, tmp_path,
                       TUNEFARM_PEAK_GFLOPS=json.dumps({"e2e": 200.0})) as f:
         yield f
-
-
-class Ui:
-    """One browser tab on the dashboard, collecting what the page logs as errors."""
-
-    def __init__(self, browser: Any, farm: Farm, width: int) -> None:
-        self.base = farm.api_url
-        self.ctx = browser.new_context(viewport={"width": width, "height": 900})
-        self.ctx.grant_permissions(["clipboard-read", "clipboard-write"], origin=self.base)
-        self.page = self.ctx.new_page()
-        self.page.set_default_timeout(30_000)
-        self.errors: list[str] = []
-        self.page.on("console", lambda m: self.errors.append(m.text) if m.type == "error" else None)
-        self.page.on("pageerror", lambda e: self.errors.append(f"uncaught: {e}"))
-
-    def sign_in(self, token: str) -> None:
-        self.page.goto(f"{self.base}/ui")
-        self.page.fill("#token", token)
-        self.page.click("form.signin button[type=submit]")
-        self.page.wait_for_selector("#signed-in")
-
-    def go(self, fragment: str) -> None:
-        self.page.evaluate("(f) => { location.hash = f; }", fragment)
-
-    def text(self, selector: str) -> str:
-        return str(self.page.inner_text(selector))
-
-    def shot(self, path: Path) -> None:
-        self.page.screenshot(path=str(path), full_page=True)
-
-    def close(self) -> None:
-        self.ctx.close()
 
 
 def _cli_submit(farm: Farm, trials: int) -> tuple[str, str]:

@@ -49,7 +49,7 @@ def test_migrations_from_zero_match_models(db_url: str) -> None:
     with Store(db_url, auto_upgrade=False) as s:
         assert s.current_revision() is None
         s.upgrade()
-        assert s.current_revision() == s.head_revision() == "0008"
+        assert s.current_revision() == s.head_revision() == "0009"
         s.upgrade()  # idempotent
         with s.engine.connect() as conn:
             diff = compare_metadata(MigrationContext.configure(conn, opts={"compare_type": True}),
@@ -61,7 +61,7 @@ def test_migrations_from_zero_match_models(db_url: str) -> None:
             command.downgrade(cfg, "base")
         assert s.current_revision() is None
         s.upgrade()
-        assert s.current_revision() == "0008"
+        assert s.current_revision() == "0009"
 
 
 def test_upgrading_to_0004_fills_in_the_mean_of_stored_records(db_url: str) -> None:
@@ -88,7 +88,7 @@ def test_out_of_date_schema_names_the_fix(db_url: str) -> None:
     with Store(db_url, auto_upgrade=False) as s:  # opening does not fail: the CLI must upgrade
         with pytest.raises(DatabaseError, match=UPGRADE_COMMAND) as info:
             s.count_records()
-        assert UPGRADE_COMMAND == "tunefarm db upgrade" and "0008" in str(info.value)
+        assert UPGRADE_COMMAND == "tunefarm db upgrade" and "0009" in str(info.value)
         s.upgrade()
         assert s.count_records() == 0
 
@@ -100,7 +100,7 @@ def test_auto_upgrade_and_settings_url(tmp_path: Any, monkeypatch: pytest.Monkey
     get_settings.cache_clear()
     try:
         with Store() as s:
-            assert s.current_revision() == "0008" and (tmp_path / "sub/dir/t.db").exists()
+            assert s.current_revision() == "0009" and (tmp_path / "sub/dir/t.db").exists()
             with s.engine.connect() as conn:
                 assert conn.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
                 assert conn.exec_driver_sql("PRAGMA foreign_keys").scalar() == 1

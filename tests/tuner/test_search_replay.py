@@ -129,6 +129,7 @@ def test_the_search_over_every_space(db: Store, space: str) -> None:
         assert r.invalidity is answer.invalidity and r.latencies == list(answer.latencies_s)
         assert r.features and r.space == space
     assert len({r.cand_hash for r in real}) == 8  # no candidate twice
+    _check_knobs(space, spec, target, real)
     # infrastructure failures: recorded under attempt ids, retried, never counted or trained on
     assert len(lost) == len(synthetic.lost) >= 1 and all("-lost-" in r.trial_id for r in lost)
     tref = db.target_by_key(first.target_key)
@@ -151,6 +152,31 @@ def test_the_search_over_every_space(db: Store, space: str) -> None:
     assert all(n == 1 for n in Counter(db.written).values())  # type: ignore[attr-defined]
     assert more.best_s == min(res.median_s for res in replay.answered.values()
                               if res.ok and res.median_s)
+
+
+def _check_knobs(space: str, spec: dict[str, Any], target: dict[str, Any],
+                 rows: list[Any]) -> None:
+    """Every record names its candidate's knobs: a template's as `spaces` names them (each
+    categorical value one of the knob's choices for this workload), auto's by position; the
+    values are the trace's own decisions."""
+    from schedules.naming import samples
+
+    for r in rows:
+        assert r.knobs, f"{space}: a record without knob values"
+        found = samples(r.trace_json)
+        assert len(r.knobs) == min(len(found), 64)
+        for (name, value), (kind, attrs, decision) in zip(r.knobs.items(), found, strict=False):
+            if kind == "SampleCategorical":
+                assert value == attrs[0][decision], (space, name)
+            else:
+                assert value == decision, (space, name)
+    if space == "auto":
+        assert all(n.split(" ")[0] in {"tile", "categorical", "compute-at"}
+                   for r in rows for n in r.knobs), rows[0].knobs
+        return
+    table = registry.TEMPLATES[space].knobs(parse_spec(spec))
+    for r in rows:
+        assert {n.split(" #")[0] for n in r.knobs} <= set(table), (space, r.knobs, list(table))
 
 
 def test_a_recorded_search_replays_without_a_fallback(db: Store, tmp_path: Path) -> None:

@@ -4,12 +4,15 @@ workload on every target with its speed-up over the first candidate measured the
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 from dataclasses import asdict, dataclass
 from typing import Any
 
 from sqlalchemy import func, select
 
+from ..core.importance import knob_importance
 from ..core.measurements import Invalidity, gflops
 from . import tables as m
 from .store import Store
@@ -19,15 +22,21 @@ POINT_COLUMNS = ("trial_id", "latency_s", "gflops", "invalidity", "worker", "bui
 MAX_POINTS = 100_000  # a job's budget is capped far below this (Settings.max_trials_per_job)
 
 
-def job_points(store: Store, job_id: str, flops: int) -> dict[str, list[Any]]:
+def job_points(store: Store, job_id: str, flops: int) -> dict[str, Any]:
     """The job's records in the order they were stored, one list per column of
-    `POINT_COLUMNS` (compact: ~60 bytes a record against ~2 kB with its trace)."""
+    `POINT_COLUMNS` (compact: ~60 bytes a record against ~2 kB with its trace); `knobs`, one
+    list per knob name (None where a record does not name it), and `knob_importance`, each
+    knob's ω² over the valid records (`tuner.core.importance`)."""
     q = (select(m.Record.trial_id, m.Record.median_s, m.Record.invalidity, m.Record.worker,
-                m.Record.build_s, m.Record.predicted_s, m.Record.measured_at)
+                m.Record.build_s, m.Record.predicted_s, m.Record.measured_at,
+                m.Record.knobs_json)
          .where(m.Record.job_id == job_id).order_by(m.Record.id).limit(MAX_POINTS))
-    cols: dict[str, list[Any]] = {c: [] for c in POINT_COLUMNS}
+    cols: dict[str, Any] = {c: [] for c in POINT_COLUMNS}
+    named: list[dict[str, Any]] = []
     with store.session() as s:
-        for trial_id, median_s, invalidity, worker, build_s, predicted_s, at in s.execute(q):
+        for trial_id, median_s, invalidity, worker, build_s, predicted_s, at, knobs in \
+                s.execute(q):
+            named.append(json.loads(knobs or "{}"))
             cols["trial_id"].append(trial_id)
             cols["latency_s"].append(median_s)
             cols["gflops"].append(gflops(flops, median_s))
@@ -36,7 +45,32 @@ def job_points(store: Store, job_id: str, flops: int) -> dict[str, list[Any]]:
             cols["build_s"].append(build_s)
             cols["predicted_s"].append(predicted_s)
             cols["measured_at"].append(at.isoformat())
+    names = list(dict.fromkeys(n for k in named for n in k))
+    cols["knobs"] = {n: [k.get(n) for k in named] for n in names}
+    cols["knob_importance"] = knob_importance(
+        cols["knobs"], cols["latency_s"], [i == Invalidity.OK.value for i in cols["invalidity"]])
     return cols
+
+
+def points_csv(points: dict[str, Any]) -> str:
+    """`job_points` as CSV: its columns, then one per knob (lists as JSON). A text cell that a
+    spreadsheet would read as a formula (=, +, -, @ first) gets a leading apostrophe."""
+    knobs: dict[str, list[Any]] = points["knobs"]
+    out = io.StringIO()
+    w = csv.writer(out, lineterminator="\n")
+    w.writerow([*POINT_COLUMNS, *knobs])
+
+    def cell(v: Any) -> Any:
+        if isinstance(v, list):
+            return json.dumps(v)
+        if isinstance(v, str) and v[:1] in ("=", "+", "-", "@", "\t", "\r"):
+            return "'" + v
+        return "" if v is None else v
+
+    for i in range(len(points["trial_id"])):
+        w.writerow([cell(points[c][i]) for c in POINT_COLUMNS]
+                   + [cell(col[i]) for col in knobs.values()])
+    return out.getvalue()
 
 
 @dataclass(frozen=True)

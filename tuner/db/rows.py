@@ -113,6 +113,7 @@ class NewRecord:
     features: bytes | None = None  # float32 bytes for the cost model
     measured_at: datetime | None = None  # None: now
     predicted_s: float | None = None  # the cost model's prediction when it was picked
+    knobs: dict[str, Any] = field(default_factory=dict)  # {knob name: value}: `check_knobs`
 
     @classmethod
     def from_measurement(cls, inp: MeasureInput, res: MeasureResult) -> NewRecord:
@@ -129,7 +130,7 @@ class NewRecord:
             decisions=list(ctx.get("decisions") or []), latencies=list(res.latencies_s),
             median_s=res.median_s, cv=res.cv, error_msg=res.error_msg, worker=res.worker,
             build_s=res.build_s, features=base64.b64decode(feats) if feats else None,
-            predicted_s=_predicted(ctx.get("predicted_s")))
+            predicted_s=_predicted(ctx.get("predicted_s")), knobs=check_knobs(ctx.get("knobs")))
 
     def input_digest(self) -> str:
         """sha256 of what the record takes from its MeasureInput (job, workload, target, space,
@@ -141,6 +142,8 @@ class NewRecord:
             self.features.hex() if self.features is not None else None]
         if self.predicted_s is not None:
             bound.append(self.predicted_s)
+        if self.knobs:
+            bound.append({"knobs": self.knobs})
         text = json.dumps(bound, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(text.encode()).hexdigest()
 
@@ -149,6 +152,7 @@ class NewRecord:
             "trial_id": self.trial_id, "job_id": self.job_id, "workload_id": self.workload_id,
             "target_id": self.target_id, "space": self.space, "cand_hash": self.cand_hash,
             "trace_json": self.trace_json, "decisions_json": json.dumps(self.decisions),
+            "knobs_json": json.dumps(self.knobs),
             "latencies_json": json.dumps(None if self.latencies is None
                                          else [float(x) for x in self.latencies]),
             "median_s": self.median_s, "mean_s": mean_of(self.latencies), "cv": self.cv,
@@ -168,6 +172,37 @@ def _predicted(value: Any) -> float | None:
             0 < float(value) < math.inf):
         raise ValueError(f"predicted_s must be a finite number > 0, not {value!r}")
     return float(value)
+
+
+MAX_KNOBS, MAX_KNOB_NAME, MAX_TILE_PARTS = 64, 64, 16
+
+
+def _knob_value(v: Any) -> bool:
+    if isinstance(v, bool) or v is None:
+        return v is None
+    if isinstance(v, int | float):
+        return math.isfinite(v)
+    if isinstance(v, str):
+        return len(v) <= MAX_KNOB_NAME
+    return (isinstance(v, list) and len(v) <= MAX_TILE_PARTS
+            and all(isinstance(x, int) and not isinstance(x, bool) for x in v))
+
+
+def check_knobs(value: Any) -> dict[str, Any]:
+    """A context's knob values (`schedules.naming`): {} when absent, else a dict of at most
+    MAX_KNOBS names (text, at most MAX_KNOB_NAME characters) to a number, a short text or a
+    perfect tile's factors (a list of integers); anything else is a ValueError."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict) or len(value) > MAX_KNOBS:
+        raise ValueError(f"knobs must be an object of at most {MAX_KNOBS} knob values")
+    for name, v in value.items():
+        if not isinstance(name, str) or not 0 < len(name) <= MAX_KNOB_NAME:
+            raise ValueError(f"a knob name must be text of 1 to {MAX_KNOB_NAME} characters")
+        if not _knob_value(v):
+            raise ValueError(f"knob {name!r}: a value must be a finite number, a short text "
+                             f"or a list of at most {MAX_TILE_PARTS} integers")
+    return dict(value)
 
 
 @dataclass(frozen=True)
@@ -197,6 +232,7 @@ class RecordRow:
     trust: str = m.Trust.LOCAL.value  # `tuner.db.tables.Trust`
     confirms: str | None = None  # a confirmation: the trial it measured again
     confirmed_s: float | None = None  # a confirmed farm record: the slower median of the two
+    knobs: dict[str, Any] = field(default_factory=dict)  # {knob name: value}
 
     @property
     def ok(self) -> bool:
@@ -213,7 +249,8 @@ class RecordRow:
                    r.trace_json, json.loads(r.decisions_json), json.loads(r.latencies_json),
                    r.median_s, r.mean_s, r.cv, Invalidity(r.invalidity), r.error_msg, r.worker,
                    r.build_s, r.features, r.tvm_version, r.created_at, r.measured_at,
-                   r.predicted_s, r.trust, r.confirms, r.confirmed_s)
+                   r.predicted_s, r.trust, r.confirms, r.confirmed_s,
+                   json.loads(r.knobs_json or "{}"))
 
 
 @dataclass(frozen=True)

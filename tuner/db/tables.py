@@ -267,6 +267,9 @@ class Record(Base):
     cand_hash: Mapped[str] = mapped_column(String(32))
     trace_json: Mapped[str] = mapped_column(Text)
     decisions_json: Mapped[str] = mapped_column(Text, default="[]")
+    # {knob name: value} of the candidate, named as `tunefarm spaces` names the knobs
+    # (schedules/naming.py); "{}" where unnamed (records from before, MetaSchedule's commits)
+    knobs_json: Mapped[str] = mapped_column(Text, default="{}", server_default="{}")
     # every sample, seconds, as measured or committed ("null": committed with run_secs None)
     latencies_json: Mapped[str] = mapped_column(Text, default="[]")
     median_s: Mapped[float | None] = mapped_column(Float, nullable=True)

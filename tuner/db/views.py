@@ -185,6 +185,11 @@ class RecordPublic(BaseModel):
     noisy: bool
     gflops: float | None
     decisions: list[Any]
+    knobs: dict[str, Any] = Field(default_factory=dict, description=(
+        "The candidate's knob values by name, as `GET /v1/spaces` names a template's knobs (a "
+        "categorical knob's chosen value, a tile's factors); positional names (\"tile 0\") "
+        "for MetaSchedule's generated space; empty for records measured before knobs were "
+        "named."))
     trace: Any
     worker: str | None
     build_s: float | None
@@ -217,7 +222,7 @@ class RecordPublic(BaseModel):
             "space": row.space, "invalidity": str(row.invalidity), "error_msg": row.error_msg,
             "latency_s": row.median_s, "latencies_s": row.latencies or [], "cv": row.cv,
             "noisy": row.cv is not None and row.cv > noise_cv,
-            "gflops": gflops(flops, row.median_s), "decisions": row.decisions,
+            "gflops": gflops(flops, row.median_s), "decisions": row.decisions, "knobs": row.knobs,
             "trace": json.loads(row.trace_json), "worker": row.worker, "build_s": row.build_s,
             "tvm_version": row.tvm_version, "measured_at": row.measured_at.isoformat(),
             "predicted_s": row.predicted_s, "trust": row.trust, "confirms": row.confirms,

@@ -41,7 +41,7 @@ from typing import Any
 
 import numpy as np
 
-from schedules.registry import search_strategy, space_generator
+from schedules.registry import knob_namer, search_strategy, space_generator
 from tuner.core import tvm_api as tv
 from tuner.core.config import get_settings
 from tuner.core.errors import JobHandedOff, TunefarmError
@@ -142,7 +142,8 @@ class Tuner:
         best = next((Best(r.trial_id, r.median_s) for r in self.store.best(wid, tref.id, k=1)
                      if r.median_s is not None), None)
         run = Run(req=req, job_id=job.id, wid=wid, tref=tref, target=target, space=space,
-                  t0=t0, done=done, best=best, best_at=done)
+                  t0=t0, done=done, best=best, best_at=done,
+                  namer=knob_namer(req.space, req.workload, target))
         reopen = req.job_id is None  # the CLI resumes and extends finished jobs
         if job.state is JobState.CANCELLING:
             self.store.set_job_state(job.id, JobState.CANCELLED)
@@ -236,7 +237,7 @@ class Tuner:
             return None
         feats = search.model.features(search.ctx, [c for c, _ in fresh])
         predicted = search.model.predicted_latency(feats, run.best.median_s if run.best else None)
-        return [Pick(c, h, x, self._input(req, run.job_id, c, h, x, run.wid, run.tref.id, p))
+        return [Pick(c, h, x, self._input(req, run, c, h, x, p))
                 for (c, h), x, p in zip(fresh, feats, predicted, strict=True)]
 
     def _measure_batch(self, run: Run, search: Search,
@@ -318,18 +319,20 @@ class Tuner:
                                   gflops(run.req.workload.flops, best_s), last, message))
 
     @staticmethod
-    def _input(req: TuneRequest, job_id: str, cand: Any, cand_hash: str, x: np.ndarray, wid: int,
-               target_id: int, predicted_s: float | None = None) -> MeasureInput:
-        context = {"job_id": job_id, "workload_id": wid, "target_id": target_id,
+    def _input(req: TuneRequest, run: Run, cand: Any, cand_hash: str, x: np.ndarray,
+               predicted_s: float | None = None) -> MeasureInput:
+        trace_json = tv.trace_to_json(cand.sch.trace)
+        job_id = run.job_id
+        context = {"job_id": job_id, "workload_id": run.wid, "target_id": run.tref.id,
                    "space": req.space, "cand_hash": cand_hash,
                    "decisions": tv.trace_decisions(cand.sch.trace),
                    "features_b64": base64.b64encode(x.astype(np.float32).tobytes()).decode(),
-                   "tvm_version": tv.tvm_version()}
+                   "tvm_version": tv.tvm_version(), "knobs": run.namer(trace_json)}
         if predicted_s is not None and np.isfinite(predicted_s):
             context["predicted_s"] = float(predicted_s)
         return MeasureInput(trial_id=trial_id(job_id, cand_hash), workload_key=req.workload.key,
                             workload_spec=req.workload.spec, target=req.target,
-                            trace_json=tv.trace_to_json(cand.sch.trace), options=req.options,
+                            trace_json=trace_json, options=req.options,
                             context=context)
 
     def _measure(self, inp: MeasureInput) -> MeasureResult:

@@ -3,11 +3,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
+from schedules.naming import KnobNamer
 from tuner.db.rows import TargetRef
 from tuner.db.tables import JobState
 from tuner.measure import MeasureInput
@@ -43,6 +44,7 @@ class Run:
     over: bool = False  # nothing to measure: `_start` left the job in its final state
     stop: str = "budget reached"
     final: JobState = JobState.SUCCEEDED
+    namer: KnobNamer = field(default_factory=KnobNamer)  # a candidate's knob values by name
 
 
 @dataclass

@@ -38,6 +38,13 @@ export async function api(path, { method = "GET", body, signal, token } = {}) {
   return data;
 }
 
+// A non-JSON resource (a CSV download) as text; errors as `api` gives them.
+export async function apiText(path) {
+  const r = await fetch(path, { headers: { Authorization: `Bearer ${session.token() || ""}` } });
+  if (!r.ok) throw new ApiError(r.status, await r.json().catch(() => null));
+  return r.text();
+}
+
 function parseEvent(block) {
   const ev = { id: null, type: "message", data: [] };
   for (const line of block.split("\n")) {

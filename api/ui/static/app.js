@@ -1,11 +1,12 @@
 // The dashboard's shell: sign-in, the navigation, and the router (#/jobs, #/jobs/<id>,
-// #/models, #/models/<id>, #/workers, #/workers/<id>, #/best). Each page is a module with
+// #/compare/<id>,<id>, #/models, #/models/<id>, #/workers, #/workers/<id>, #/best). Each page is a module with
 // `render(view, ctx)`; it returns a function that stops its timers and streams when the person
 // leaves the page.
 
 import { api, ApiError, session } from "./api.js";
 import { fill, clear, errorBox, h } from "./dom.js";
 import * as best from "./pages/best.js";
+import * as compare from "./pages/compare.js";
 import * as job from "./pages/job.js";
 import * as jobs from "./pages/jobs.js";
 import * as model from "./pages/model.js";
@@ -15,6 +16,7 @@ import * as workers from "./pages/workers.js";
 const ROUTES = [
   [/^#\/jobs\/([A-Za-z0-9]+)$/, job, "user"],
   [/^#\/jobs$/, jobs, "user"],
+  [/^#\/compare\/([A-Za-z0-9,]+)$/, compare, "user"],
   [/^#\/models\/([A-Za-z0-9]+)$/, model, "user"],
   [/^#\/models$/, models, "user"],
   [/^#\/workers\/([A-Za-z0-9_-]+)$/, workers, "user"],

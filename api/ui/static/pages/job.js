@@ -4,25 +4,29 @@
 // Measurements arrive as server-sent "record" events; when the job ends the page reloads
 // its records from SQL (the truth, should Redis have dropped an event).
 
-import { api, follow } from "../api.js";
+import { api, apiText, follow } from "../api.js";
 import { Chart } from "../chart.js";
+import { explainSection, knobLabel } from "../explain.js";
 import { badge, clear, errorBox, fill, fmt, h, progress, sortableTable, TERMINAL } from "../dom.js";
 
 export function render(view, { id, me }) {
   const started = performance.now();
   const abort = new AbortController();
-  const state = { job: null, flops: 0, points: [], seen: new Set() };
+  const state = { job: null, flops: 0, points: [], seen: new Set(), importance: {} };
   const head = h("div");
   const summary = h("div", { class: "summary" });
   const chartHost = h("div", { id: "job-chart" });
   const legend = h("p", { class: "legend" });
   const tableHost = h("div", { id: "records" });
   const bestHost = h("section", { id: "best-schedule" });
-  view.append(head, summary, h("h2", null, "Tuning curve"), chartHost, legend,
+  const explain = explainSection({ onDownload: download });
+  view.append(head, summary, h("h2", null, "Tuning curve"), chartHost, legend, explain.node,
     h("h2", null, "Records"), tableHost, bestHost);
   let chart = null;
   let table = null;
+  let tableKnobs = "";
   let redrawTimer = null;
+  let refetchTimer = null;
 
   const higherIsBetter = () => state.flops > 0;
   const yOf = (p) => (p.latency_s === null ? null : higherIsBetter() ? state.flops / p.latency_s / 1e9 : p.latency_s * 1e6);
@@ -79,11 +83,18 @@ export function render(view, { id, me }) {
     legend.dataset.total = String(state.points.length);
   }
 
+  // a knob's sort key: numbers as they are, a tile by its factors (as text, zero-padded)
+  const knobSort = (v) => (v === null || v === undefined ? null
+    : Array.isArray(v) ? v.map((x) => String(x).padStart(6, "0")).join(".") : v);
+
   function tableRows() {
     return state.points.map((p, i) => ({ ...p, n: i + 1, y: yOf(p) }));
   }
 
+  const knobNames = () => [...new Set(state.points.flatMap((p) => Object.keys(p.knobs || {})))];
+
   function drawTable() {
+    const names = knobNames();
     const cols = [
       { label: "#", value: (r) => r.n, num: true },
       { label: "trial", value: (r) => r.trial_id, render: (r) => h("code", { title: r.trial_id }, r.trial_id.slice(0, 10)) },
@@ -95,16 +106,47 @@ export function render(view, { id, me }) {
       { label: "worker", value: (r) => r.worker || "",
         render: (r) => (r.worker ? h("a", { href: `#/workers/${r.worker}`, title: r.worker }, r.worker.slice(0, 8)) : "–") },
       { label: "measured", value: (r) => r.measured_at, render: (r) => fmt.time(r.measured_at) },
+      ...names.map((n) => ({ label: n, cls: "knob", num: true, value: (r) => knobSort(r.knobs && r.knobs[n]),
+        render: (r) => knobLabel(r.knobs && r.knobs[n]) })),
     ];
-    if (!table) {
+    if (!table || tableKnobs !== names.join("\n")) {  // new knob columns: a new table
+      tableKnobs = names.join("\n");
       table = sortableTable(cols, tableRows(), { limit: 500 });
-      tableHost.append(table);
+      fill(tableHost, table);
     } else table.update(tableRows());
+  }
+
+  function drawExplain() {
+    explain.update(state.points, state.importance);
   }
 
   function redraw() {  // at most every 300 ms while records stream in
     if (redrawTimer) return;
-    redrawTimer = setTimeout(() => { redrawTimer = null; drawChart(); drawTable(); drawHead(); }, 300);
+    redrawTimer = setTimeout(() => { redrawTimer = null; drawChart(); drawTable(); drawHead(); drawExplain(); }, 300);
+  }
+
+  // While records stream in, the points (with the importance the API computes) are read again
+  // at most every 2 s; the events themselves carry each record's knob values.
+  function refetchSoon() {
+    if (refetchTimer) return;
+    refetchTimer = setTimeout(async () => {
+      try {
+        setPoints(await api(`/v1/jobs/${encodeURIComponent(id)}/points`, { signal: abort.signal }));
+        redraw();
+      } catch (err) { /* the next event or the final load tries again */ }
+      refetchTimer = null;
+    }, 2000);
+  }
+
+  async function download(kind) {
+    const name = `job-${id.slice(0, 8)}.${kind}`;
+    const text = kind === "csv" ? await apiText(`/v1/jobs/${encodeURIComponent(id)}/points.csv`)
+      : JSON.stringify(await api(`/v1/jobs/${encodeURIComponent(id)}/points`), null, 1);
+    const a = h("a", { href: URL.createObjectURL(new Blob([text], { type: kind === "csv" ? "text/csv" : "application/json" })), download: name });
+    document.body.append(a);
+    a.click();
+    a.remove();
+    setTimeout(() => URL.revokeObjectURL(a.href), 10000);
   }
 
   async function drawBest() {
@@ -136,19 +178,28 @@ export function render(view, { id, me }) {
     }
   }
 
+  function setPoints(pts) {
+    const names = Object.keys(pts.knobs || {});
+    state.flops = pts.flops;
+    state.importance = pts.knob_importance || {};
+    const known = new Set(pts.trial_id);
+    const streamed = state.points.filter((p) => !known.has(p.trial_id));  // newer than the read
+    state.points = pts.trial_id.map((t, i) => ({
+      trial_id: t, latency_s: pts.latency_s[i], gflops: pts.gflops[i], invalidity: pts.invalidity[i],
+      worker: pts.worker[i], build_s: pts.build_s[i], predicted_s: pts.predicted_s[i], measured_at: pts.measured_at[i],
+      knobs: Object.fromEntries(names.filter((n) => pts.knobs[n][i] !== null).map((n) => [n, pts.knobs[n][i]])),
+    })).concat(streamed);
+    state.seen = new Set(state.points.map((p) => p.trial_id));
+  }
+
   async function load() {
     const [job, pts] = await Promise.all([
       api(`/v1/jobs/${encodeURIComponent(id)}`, { signal: abort.signal }),
       api(`/v1/jobs/${encodeURIComponent(id)}/points`, { signal: abort.signal }),
     ]);
     state.job = job;
-    state.flops = pts.flops;
-    state.points = pts.trial_id.map((t, i) => ({
-      trial_id: t, latency_s: pts.latency_s[i], gflops: pts.gflops[i], invalidity: pts.invalidity[i],
-      worker: pts.worker[i], build_s: pts.build_s[i], predicted_s: pts.predicted_s[i], measured_at: pts.measured_at[i],
-    }));
-    state.seen = new Set(pts.trial_id);
-    drawHead(); drawChart(); drawTable(); drawBest();
+    setPoints(pts);
+    drawHead(); drawChart(); drawTable(); drawExplain(); drawBest();
   }
 
   function onEvent(ev) {
@@ -159,11 +210,13 @@ export function render(view, { id, me }) {
       const gflops = lat && state.flops ? state.flops / lat / 1e9 : null;
       state.points.push({ trial_id: ev.data.trial_id, latency_s: lat, invalidity: ev.data.invalidity,
         gflops, worker: ev.data.worker ?? null, build_s: ev.data.build_s ?? null,
-        predicted_s: null, measured_at: new Date().toISOString() });
+        predicted_s: ev.data.predicted_s ?? null, measured_at: new Date().toISOString(),
+        knobs: ev.data.knobs && typeof ev.data.knobs === "object" ? ev.data.knobs : {} });
       if (ev.data.invalidity === "ok" && lat !== null && (!j.best || lat < j.best.latency_s)) {
         j.best = { ...(j.best || {}), trial_id: ev.data.trial_id, latency_s: lat, gflops };
       }
       redraw();
+      refetchSoon();
     } else if (ev.type === "progress") {
       j.trials_done = Math.max(j.trials_done, ev.data.done ?? j.trials_done);
       if (ev.data.best_s != null && (!j.best || ev.data.best_s < j.best.latency_s)) {
@@ -199,5 +252,9 @@ export function render(view, { id, me }) {
       if (!abort.signal.aborted) view.append(errorBox(err));
     }
   })();
-  return () => { abort.abort(); clearTimeout(redrawTimer); if (chart) chart.resize.disconnect(); };
+  return () => {
+    abort.abort(); clearTimeout(redrawTimer); clearTimeout(refetchTimer);
+    if (chart) chart.resize.disconnect();
+    explain.dispose();
+  };
 }

@@ -3,6 +3,7 @@
 
 import { badge, fmt, h, progress, TERMINAL } from "../dom.js";
 import { pagedList } from "../list.js";
+import { MAX_JOBS } from "./compare.js";
 
 const STATES = ["", "QUEUED", "RUNNING", "CANCELLING", "SUCCEEDED", "FAILED", "CANCELLED"];
 
@@ -25,12 +26,24 @@ export function render(view, { me }) {
     return q;
   }
 
+  // jobs ticked for #/compare (kept across the list's refreshes)
+  const picked = new Set();
+  const compareBtn = h("button", { type: "button", id: "compare", disabled: true,
+    onclick: () => { location.hash = `#/compare/${[...picked].join(",")}`; } }, "Compare selected");
+  function pick(id, on) {
+    if (on) picked.add(id); else picked.delete(id);
+    compareBtn.disabled = picked.size < 2 || picked.size > MAX_JOBS;
+    compareBtn.textContent = picked.size ? `Compare selected (${picked.size})` : "Compare selected";
+  }
+
   function table(rows) {
     if (!rows.length) return h("p", { class: "muted" }, "No jobs match. Submit one with `tunefarm submit matmul --shape 256,256,256`.");
     return h("div", { class: "table-wrap" }, h("table", { class: "grid", id: "jobs-table" },
-      h("thead", null, h("tr", null, ["job", "workload", "state", "progress", "best GFLOPS", "device", "owner", "created"]
+      h("thead", null, h("tr", null, ["", "job", "workload", "state", "progress", "best GFLOPS", "device", "owner", "created"]
         .map((t) => h("th", null, t)))),
       h("tbody", null, rows.map((j) => h("tr", { dataset: { job: j.id } },
+        h("td", { class: "compare-pick" }, h("input", { type: "checkbox", "aria-label": `compare ${j.id.slice(0, 8)}`,
+          checked: picked.has(j.id), onchange: (e) => pick(j.id, e.target.checked) })),
         h("td", null, h("a", { href: `#/jobs/${j.id}` }, j.id.slice(0, 8))),
         h("td", null, fmt.workload(j.workload), j.model_id ? h("span", { class: "muted" }, " (model task)") : ""),
         h("td", null, badge(j.state)),
@@ -51,7 +64,7 @@ export function render(view, { me }) {
   }
   state.addEventListener("change", refilter);
   const form = h("form", { class: "filters", onsubmit: refilter }, state, op, owner,
-    h("button", { type: "submit" }, "Filter"));
+    h("button", { type: "submit" }, "Filter"), compareBtn);
   view.append(h("h1", null, "Jobs"), form, ...list.nodes);
   list.load(false);
   return list.stop;
