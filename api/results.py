@@ -201,7 +201,9 @@ def commit(ctx: ApiContext, worker: WorkerRow, body: ResultCreate) -> ResultPubl
         if rec.job_id and confirms is None:  # a confirmation is none of the job's trials
             events.publish(ctx.sync_redis, ctx.keys, rec.job_id, "record", {
                 "trial_id": rec.trial_id, "invalidity": str(res.invalidity),
-                "latency_s": res.median_s, "worker": res.worker, "build_s": res.build_s,
+                "latency_s": res.median_s, "worker": res.worker,
+                "worker_name": worker.name if res.worker == worker.id else None,
+                "build_s": res.build_s,
                 "predicted_s": rec.predicted_s, "knobs": rec.knobs})
         log.info("trial %s of job %s from worker %s: %s", rec.trial_id, rec.job_id, worker.id,
                  res.invalidity)

@@ -159,6 +159,9 @@ class JobPoints(BaseModel):
     gflops: list[float | None]
     invalidity: list[str]
     worker: list[str | None]
+    worker_name: list[str | None] = Field(description=(
+        "The name the worker registered with (`tunefarm worker --name`), where `worker` is a "
+        "registered worker's id; null for a board an RPC worker named itself."))
     build_s: list[float | None]
     predicted_s: list[float | None]
     measured_at: list[str]

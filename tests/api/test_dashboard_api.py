@@ -95,7 +95,7 @@ def test_points_are_the_jobs_records_as_columns_for_its_owner_only(
     assert pts["invalidity"] == ["ok", "run_error", "ok"]
     assert pts["latency_s"][0] == pytest.approx(2e-3) and pts["latency_s"][1] is None
     assert pts["gflops"][2] == pytest.approx(pts["flops"] / pts["latency_s"][2] / 1e9)
-    assert pts["worker"] == ["w", "w", "w"]
+    assert pts["worker"] == ["w", "w", "w"] and pts["worker_name"] == ["w", "w", "w"]
     assert "trace" not in pts
     assert client.get(f"/v1/jobs/{job['id']}/points", headers=admin).status_code == 200
     other = bearer(create_token(ctx.store, "user", name="someone-else"))

@@ -38,6 +38,9 @@ def test_a_model_job_starts_its_first_round(client: Any, ctx: Any, user: dict[st
     assert first["state"] == "QUEUED" and model["tasks"][1]["job_id"] is None
     job = client.get(f"/v1/jobs/{first['job_id']}", headers=user).json()
     assert job["model_id"] == model["id"] and job["trials"] == 4 and job["state"] == "QUEUED"
+    assert job["task_name"] == "fused_matmul"  # the jobs list and page name the task
+    listed_jobs = client.get("/v1/jobs", headers=user).json()["items"]
+    assert [j["task_name"] for j in listed_jobs] == ["fused_matmul"]
     assert job["workload"]["op"] == "tir" and job["owner"] == "test-user"
     assert [e[1] for e in redis_client.xrange(ctx.keys.jobs)] == [{"job_id": first["job_id"]}]
     got = client.get(resp.headers["location"], headers=user)

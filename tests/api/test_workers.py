@@ -95,7 +95,8 @@ def test_result_post_is_idempotent(client: Any, ctx: Any, user: dict[str, str],
               for _, f in redis_client.xrange(ctx.keys.events(job["id"]))]
     assert [e for e in events if e[0] == "record"] == [
         ("record", {"trial_id": tid, "invalidity": "ok", "latency_s": pytest.approx(1e-3),
-                    "worker": "w1", "build_s": body["result"].get("build_s"),
+                    "worker": "w1", "worker_name": "w1",
+                    "build_s": body["result"].get("build_s"),
                     "predicted_s": None, "knobs": {}})]
 
 

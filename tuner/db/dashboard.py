@@ -17,8 +17,8 @@ from ..core.measurements import Invalidity, gflops
 from . import tables as m
 from .store import Store
 
-POINT_COLUMNS = ("trial_id", "latency_s", "gflops", "invalidity", "worker", "build_s",
-                 "predicted_s", "measured_at")
+POINT_COLUMNS = ("trial_id", "latency_s", "gflops", "invalidity", "worker", "worker_name",
+                 "build_s", "predicted_s", "measured_at")
 MAX_POINTS = 100_000  # a job's budget is capped far below this (Settings.max_trials_per_job)
 
 
@@ -28,13 +28,14 @@ def job_points(store: Store, job_id: str, flops: int) -> dict[str, Any]:
     list per knob name (None where a record does not name it), and `knob_importance`, each
     knob's ω² over the valid records (`tuner.core.importance`)."""
     q = (select(m.Record.trial_id, m.Record.median_s, m.Record.invalidity, m.Record.worker,
-                m.Record.build_s, m.Record.predicted_s, m.Record.measured_at,
+                m.Worker.name, m.Record.build_s, m.Record.predicted_s, m.Record.measured_at,
                 m.Record.knobs_json)
+         .outerjoin(m.Worker, m.Worker.id == m.Record.worker)
          .where(m.Record.job_id == job_id).order_by(m.Record.id).limit(MAX_POINTS))
     cols: dict[str, Any] = {c: [] for c in POINT_COLUMNS}
     named: list[dict[str, Any]] = []
     with store.session() as s:
-        for trial_id, median_s, invalidity, worker, build_s, predicted_s, at, knobs in \
+        for trial_id, median_s, invalidity, worker, name, build_s, predicted_s, at, knobs in \
                 s.execute(q):
             named.append(json.loads(knobs or "{}"))
             cols["trial_id"].append(trial_id)
@@ -42,6 +43,7 @@ def job_points(store: Store, job_id: str, flops: int) -> dict[str, Any]:
             cols["gflops"].append(gflops(flops, median_s))
             cols["invalidity"].append(invalidity)
             cols["worker"].append(worker)
+            cols["worker_name"].append(name)  # None: not a registered worker (an RPC board)
             cols["build_s"].append(build_s)
             cols["predicted_s"].append(predicted_s)
             cols["measured_at"].append(at.isoformat())

@@ -341,11 +341,13 @@ def job_stats(store: Store, job: JobRow) -> JobStats:
             .where(m.Record.job_id == job.id, m.Record.invalidity == ok,
                    m.Record.median_s.is_not(None))
             .order_by(m.Record.median_s, m.Record.id).limit(1)).first()
+        task = None if job.model_id is None else s.scalar(
+            select(m.ModelTask.name).where(m.ModelTask.job_id == job.id).limit(1))
         return JobStats(
             workload_key=w.key, workload=json.loads(w.spec_json), flops=w.flops,
             target=json.loads(t.target_json), device_key=t.device_key, trials_done=int(done),
             best_trial_id=None if best is None else best[0],
-            best_s=None if best is None else best[1])
+            best_s=None if best is None else best[1], task_name=task)
 
 
 def job_view(store: Store, job: JobRow) -> JobPublic:

@@ -46,6 +46,7 @@ class JobStats:
     trials_done: int  # records that count against the budget (worker_lost ones do not)
     best_trial_id: str | None = None
     best_s: float | None = None
+    task_name: str | None = None  # a model's task job: the task's name
 
 
 class BestSoFar(BaseModel):
@@ -75,6 +76,9 @@ class JobPublic(BaseModel):
     message: str | None = Field(default=None, description=(
         "Why a running job makes no progress now, e.g. no live worker of its device key."))
     model_id: str | None = Field(default=None, description="The model job it is a task of.")
+    task_name: str | None = Field(default=None, description=(
+        "A model's task job: the task's name (relax's name of its PrimFunc, e.g. "
+        "fused_matmul_add_relu)."))
     created_at: str
     updated_at: str
     started_at: str | None = None
@@ -92,7 +96,8 @@ class JobPublic(BaseModel):
             space=row.space, trials=row.trials, trials_done=stats.trials_done,
             wall_budget_s=row.wall_budget_s, options=row.options, best=best, error=row.error,
             message=row.message if not row.state.is_terminal else None,
-            model_id=row.model_id, created_at=row.created_at.isoformat(),
+            model_id=row.model_id, task_name=stats.task_name,
+            created_at=row.created_at.isoformat(),
             updated_at=row.updated_at.isoformat(),
             started_at=_iso(row.started_at), finished_at=_iso(row.finished_at))
 

@@ -1,7 +1,7 @@
 """Job events: a capped Redis stream per job (Keys.events(job_id)) that the API replays as
 server-sent events. Types: "state" {"state", "error"?}, "progress" {"done", "total", "best_s",
-"best_gflops", "last"}, "record" {"trial_id", "invalidity", "latency_s", "worker", "build_s",
-"predicted_s", "knobs"}.
+"best_gflops", "last"}, "record" {"trial_id", "invalidity", "latency_s", "worker", "worker_name",
+"build_s", "predicted_s", "knobs"}.
 
 Events are a convenience: SQL holds the truth, so publishing never fails the caller (a Redis
 outage is logged and the event dropped).

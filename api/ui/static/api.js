@@ -3,11 +3,36 @@
 // server-sent events read over fetch (EventSource cannot send an Authorization header).
 
 const KEY = "tunefarm.token";
+// Tabs of this origin share the sign-in without storing the token anywhere that outlives them:
+// a new tab asks the open ones over a BroadcastChannel (same origin only) and a signed-in tab
+// answers; signing out in one tab signs out all of them.
+const channel = typeof BroadcastChannel === "function" ? new BroadcastChannel("tunefarm.session") : null;
 
 export const session = {
   token: () => sessionStorage.getItem(KEY),
   signIn: (token) => sessionStorage.setItem(KEY, token),
-  signOut: () => sessionStorage.removeItem(KEY),
+  signOut: (everywhere = true) => {
+    sessionStorage.removeItem(KEY);
+    if (everywhere && channel) channel.postMessage({ type: "signout" });
+  },
+  // the token of another open tab, or null after `waitMs`
+  borrow: (waitMs = 400) => new Promise((resolve) => {
+    if (!channel) { resolve(null); return; }
+    const done = (token) => { channel.removeEventListener("message", onMsg); clearTimeout(timer); resolve(token); };
+    const onMsg = (e) => { if (e.data && e.data.type === "token" && typeof e.data.token === "string") done(e.data.token); };
+    const timer = setTimeout(() => done(null), waitMs);
+    channel.addEventListener("message", onMsg);
+    channel.postMessage({ type: "ask" });
+  }),
+  // call `onSignOut` when another tab signs out; answer other tabs' asks while signed in
+  share: (onSignOut) => {
+    if (!channel) return;
+    channel.addEventListener("message", (e) => {
+      const t = sessionStorage.getItem(KEY);
+      if (e.data && e.data.type === "ask" && t) channel.postMessage({ type: "token", token: t });
+      else if (e.data && e.data.type === "signout" && t) { sessionStorage.removeItem(KEY); onSignOut(); }
+    });
+  },
 };
 
 export class ApiError extends Error {

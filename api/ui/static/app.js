@@ -60,7 +60,7 @@ function signInPage(message) {
   const form = h("form", { class: "signin" },
     h("h1", null, "Sign in"),
     h("p", null, "Paste a tunefarm API token (`tunefarm token create --scope user`). ",
-      "It is kept in this tab only and sent to this API only."),
+      "It is kept in this browser's open tabs of this dashboard only (a new tab asks them; nothing is saved to disk) and sent to this API only."),
     input, h("button", { type: "submit" }, "Sign in"), status);
   form.addEventListener("submit", async (e) => {
     e.preventDefault();
@@ -81,8 +81,15 @@ function signInPage(message) {
   input.focus();
 }
 
+let borrowed = false;  // asked the other tabs for their sign-in once, at load
+
 async function route() {
   if (leave) { leave(); leave = null; }
+  if (!session.token() && !borrowed) {
+    borrowed = true;
+    const token = await session.borrow();
+    if (token) session.signIn(token);
+  }
   if (!session.token()) { signInPage(); return; }
   if (!me) {
     try {
@@ -113,8 +120,13 @@ async function route() {
 }
 
 window.addEventListener("hashchange", route);
+session.share(() => {  // another tab signed out
+  me = null;
+  showWho();
+  route();
+});
 window.addEventListener("tunefarm:unauthorized", () => {
-  session.signOut();
+  session.signOut(false);
   me = null;
   showWho();
   signInPage("Your token is no longer accepted: sign in again.");

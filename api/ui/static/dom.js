@@ -62,6 +62,12 @@ export const fmt = {
     const shape = spec.shape ? ` ${spec.shape.join("×")}` : "";
     return `${spec.op}${shape}`;
   },
+  // what a workload spec says besides its op and shape (dtype, layout, stride, padding...)
+  params(spec) {
+    return Object.entries(spec || {})
+      .filter(([k, v]) => !["op", "shape"].includes(k) && v !== null && typeof v !== "object" && String(v).length < 40)
+      .map(([k, v]) => `${k}=${v}`).join(" ");
+  },
   target(t) {
     if (!t) return "?";
     const parts = [t.kind || "?"];

@@ -4,19 +4,13 @@
 // events, and its points are read again at most every 2 s while records arrive.
 
 import { api, follow } from "../api.js";
-import { knobLabel } from "../explain.js";
 import * as echarts from "../vendor/echarts.esm.min.js";
 import { badge, errorBox, fill, fmt, h, TERMINAL } from "../dom.js";
 
 export const MAX_JOBS = 6;
 const COLORS = ["#2563eb", "#dc2626", "#059669", "#d97706", "#7c3aed", "#db2777"];
 
-// What a job's workload says besides its op and shape (dtype, layout, stride...).
-function params(j) {
-  const p = j.workload || {};
-  return Object.entries(p).filter(([k, v]) => !["op", "shape"].includes(k) && typeof v !== "object" && String(v).length < 40)
-    .map(([k, v]) => `${k}=${knobLabel(v)}`).join(" ");
-}
+const params = (j) => fmt.params(j.workload);
 
 // The best latency so far (µs) after each trial: [[trial, µs], ...] from the first valid one.
 export function bestSoFar(pts) {

@@ -39,7 +39,8 @@ export function render(view, { id, me }) {
     fill(head, h("h1", null, `Job ${j.id.slice(0, 8)} `, badge(j.state)), cancel);
     const bestG = j.best && j.best.gflops;
     const rows = [
-      ["workload", `${fmt.workload(j.workload)} (${j.workload_key})`],
+      ["workload", `${fmt.workload(j.workload)}${fmt.params(j.workload) ? ` · ${fmt.params(j.workload)}` : ""}` +
+        `${j.task_name ? ` · task ${j.task_name}` : ""} (${j.workload_key})`],
       ["target", `${fmt.target(j.target)} · device ${j.device_key} · space ${j.space}`],
       ["owner", j.owner],
       ["progress", progress(j.trials_done, j.trials)],
@@ -103,8 +104,10 @@ export function render(view, { id, me }) {
       { label: "GFLOPS", value: (r) => r.gflops, render: (r) => fmt.gflops(r.gflops), num: true, desc: true },
       { label: "predicted", value: (r) => r.predicted_s, render: (r) => fmt.seconds(r.predicted_s), num: true },
       { label: "build", value: (r) => r.build_s, render: (r) => (r.build_s === null ? "–" : `${r.build_s.toFixed(2)} s`), num: true },
-      { label: "worker", value: (r) => r.worker || "",
-        render: (r) => (r.worker ? h("a", { href: `#/workers/${r.worker}`, title: r.worker }, r.worker.slice(0, 8)) : "–") },
+      { label: "worker", value: (r) => r.worker_name || r.worker || "",
+        render: (r) => (!r.worker ? "–" : r.worker_name
+          ? h("a", { href: `#/workers/${r.worker}`, title: r.worker }, r.worker_name)
+          : h("span", { title: r.worker }, r.worker)) },
       { label: "measured", value: (r) => r.measured_at, render: (r) => fmt.time(r.measured_at) },
       ...names.map((n) => ({ label: n, cls: "knob", num: true, value: (r) => knobSort(r.knobs && r.knobs[n]),
         render: (r) => knobLabel(r.knobs && r.knobs[n]) })),
@@ -186,7 +189,7 @@ export function render(view, { id, me }) {
     const streamed = state.points.filter((p) => !known.has(p.trial_id));  // newer than the read
     state.points = pts.trial_id.map((t, i) => ({
       trial_id: t, latency_s: pts.latency_s[i], gflops: pts.gflops[i], invalidity: pts.invalidity[i],
-      worker: pts.worker[i], build_s: pts.build_s[i], predicted_s: pts.predicted_s[i], measured_at: pts.measured_at[i],
+      worker: pts.worker[i], worker_name: pts.worker_name[i], build_s: pts.build_s[i], predicted_s: pts.predicted_s[i], measured_at: pts.measured_at[i],
       knobs: Object.fromEntries(names.filter((n) => pts.knobs[n][i] !== null).map((n) => [n, pts.knobs[n][i]])),
     })).concat(streamed);
     state.seen = new Set(state.points.map((p) => p.trial_id));
@@ -209,7 +212,7 @@ export function render(view, { id, me }) {
       const lat = ev.data.latency_s ?? null;
       const gflops = lat && state.flops ? state.flops / lat / 1e9 : null;
       state.points.push({ trial_id: ev.data.trial_id, latency_s: lat, invalidity: ev.data.invalidity,
-        gflops, worker: ev.data.worker ?? null, build_s: ev.data.build_s ?? null,
+        gflops, worker: ev.data.worker ?? null, worker_name: ev.data.worker_name ?? null, build_s: ev.data.build_s ?? null,
         predicted_s: ev.data.predicted_s ?? null, measured_at: new Date().toISOString(),
         knobs: ev.data.knobs && typeof ev.data.knobs === "object" ? ev.data.knobs : {} });
       if (ev.data.invalidity === "ok" && lat !== null && (!j.best || lat < j.best.latency_s)) {

@@ -45,7 +45,10 @@ export function render(view, { me }) {
         h("td", { class: "compare-pick" }, h("input", { type: "checkbox", "aria-label": `compare ${j.id.slice(0, 8)}`,
           checked: picked.has(j.id), onchange: (e) => pick(j.id, e.target.checked) })),
         h("td", null, h("a", { href: `#/jobs/${j.id}` }, j.id.slice(0, 8))),
-        h("td", null, fmt.workload(j.workload), j.model_id ? h("span", { class: "muted" }, " (model task)") : ""),
+        h("td", { class: "workload" }, fmt.workload(j.workload),
+          j.task_name ? h("span", { class: "task", title: "the model task this job tunes" }, ` ${j.task_name}`)
+            : j.model_id ? h("span", { class: "muted" }, " (model task)") : "",
+          fmt.params(j.workload) ? h("div", { class: "muted sig" }, fmt.params(j.workload)) : ""),
         h("td", null, badge(j.state)),
         h("td", null, progress(j.trials_done, j.trials)),
         h("td", { class: "num" }, fmt.gflops(j.best && j.best.gflops)),
