@@ -140,6 +140,8 @@ def test_tune_model_then_build_then_export_and_import(model_py: Path, tmp_path: 
     est = re.search(r"estimated model latency (\S+ \S+) -> (\S+ \S+); 24 trials", tuned.stdout)
     assert est, tuned.stdout
     assert "fused_matmul_relu" in tuned.stdout and "softmax" in tuned.stdout
+    # a bar per round of the task scheduler, each with its task and its trials
+    assert re.search(r"round 1 \S+ .* \d+/\d+", tuned.stdout), tuned.stdout[-3000:]
 
     again = _cli("tune-model", str(model_py), "--trials", "24", env_db=url)  # already spent
     assert again.returncode == 0 and "0 rounds" in again.stdout, again.stdout[-2000:]
@@ -147,6 +149,7 @@ def test_tune_model_then_build_then_export_and_import(model_py: Path, tmp_path: 
     built = _cli("build", str(model_py), "-o", str(so), env_db=url)
     assert built.returncode == 0, built.stderr[-2000:]
     assert "2 of 2 tasks with a tuned schedule" in built.stdout, built.stdout
+    assert re.search(r"run it with TVM_NUM_THREADS=\d+ set", built.stdout), built.stdout
     vm = relax.VirtualMachine(tvm.runtime.load_module(str(so)), tvm.cpu())
     x = np.random.default_rng(1).uniform(-1, 1, (32, 64)).astype("float32")
     got = vm["main"](tvm.runtime.tensor(x)).numpy()
@@ -224,6 +227,7 @@ def test_a_conv_model_is_tuned_by_the_conv_template_and_built_without_fallbacks(
     built = _cli("build", str(model_py), "-o", str(so), env_db=url)  # a process of its own
     assert built.returncode == 0, built.stderr[-2000:]
     assert "2 of 2 tasks with a tuned schedule" in built.stdout, built.stdout
+    assert re.search(r"run it with TVM_NUM_THREADS=\d+ set", built.stdout), built.stdout
     vm = relax.VirtualMachine(tvm.runtime.load_module(str(so)), tvm.cpu())
     x = np.random.default_rng(1).uniform(-1, 1, (1, 8, 12, 12)).astype("float32")
     got = vm["main"](tvm.runtime.tensor(x)).numpy()

@@ -278,3 +278,15 @@ def test_a_first_run_skips_nothing_as_already_measured(tmp_path: Path) -> None:
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     skipped = re.search(r"skipped \(already measured\)\s*\S\s*(\d+)", out.stdout)
     assert skipped is not None and skipped[1] == "0", out.stdout[-2000:]
+
+
+def test_tune_json_gives_the_summary_with_each_outcome_a_field(tmp_path: Path) -> None:
+    db = f"sqlite:///{tmp_path / 'j.db'}"
+    out = run(["tune", "matmul", "--shape", "32,32,32", "--trials", "4", "--target", TARGET,
+               "--db", db, "--json"], tmp_path)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    summary = json.loads(out.stdout)  # stdout is the JSON alone: the progress went to stderr
+    assert summary["trials"] == summary["trials_done"] == 4
+    assert isinstance(summary["outcomes"], dict) and sum(summary["outcomes"].values()) == 4
+    assert summary["best_s"] > 0 and summary["stop_reason"] == "budget reached"
+    assert "tuning" in out.stderr

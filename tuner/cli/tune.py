@@ -3,6 +3,7 @@ db upgrade. Plain functions; `tuner/cli/__init__.py` registers them on the app."
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from typing import Annotated, Any
@@ -20,6 +21,7 @@ from tuner.cli.common import (
     ShapeOpt,
     TargetOpt,
     console,
+    err,
     fail,
     fmt_s,
     open_store,
@@ -48,6 +50,9 @@ def tune(
         help="Start a new job instead of resuming the last one.")] = False,
     cache_flush: Annotated[bool | None, typer.Option(
         help="Flush CPU caches before every timed run.")] = None,
+    as_json: Annotated[bool, typer.Option(
+        "--json", help="Print the summary as JSON on stdout (the progress goes to stderr).")
+    ] = False,
     db: DbOpt = None,
 ) -> None:
     """Tune a workload on this machine; resumes the same job if it was interrupted."""
@@ -67,13 +72,14 @@ def tune(
         store = open_store(db)
     except TunefarmError as exc:
         fail(exc)
-    console.print(Text.assemble((wl.description, "bold"), f"  key {wl.key}  on {json.dumps(tgt)}  "
-                                f"({tv.tvm_version()})"))
+    out = err if as_json else console
+    out.print(Text.assemble((wl.description, "bold"), f"  key {wl.key}  on {json.dumps(tgt)}  "
+                            f"({tv.tvm_version()})"))
     columns = [TextColumn("[bold blue]tuning"), BarColumn(), MofNCompleteColumn(),
                TextColumn("best {task.fields[best]}  {task.fields[gflops]} GFLOPS  "
                           "{task.fields[last]}"),
                TimeElapsedColumn()]
-    with Progress(*columns, console=console, transient=False) as bar, LocalMeasurer() as measurer:
+    with Progress(*columns, console=out, transient=False) as bar, LocalMeasurer() as measurer:
         task = bar.add_task("tune", total=trials, best="-", gflops="-", last="")
 
         def on_progress(p: Any) -> None:
@@ -86,6 +92,11 @@ def tune(
             summary = Tuner(store, measurer, on_progress=on_progress).run(req)
         except TunefarmError as exc:
             fail(exc)
+    if as_json:  # each outcome a field, for scripts
+        fields = dataclasses.asdict(summary)
+        fields["outcomes"] = dict(sorted(fields.pop("counts").items()))
+        sys.stdout.write(json.dumps({**fields, "trials": trials}, indent=2) + "\n")
+        return
     table = Table(title="tuning summary", show_header=False)
     for k, v in [("job", summary.job_id), ("workload", wl.key), ("stopped", summary.stop_reason),
                  ("trials in job", f"{summary.trials_done}/{trials}"),

@@ -16,6 +16,7 @@ loops.
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Callable
@@ -28,7 +29,7 @@ from ..db import model_jobs
 from ..db.jobs import LOCAL_OWNER, JobOptions
 from ..db.store import Store
 from ..measure import MeasureOptions, Measurer
-from ..search import Tuner, TuneRequest
+from ..search import Progress, Tuner, TuneRequest
 from ..search.task import CanonicalTarget, ResolvedTask, TaskResolver
 from ..workloads import Workload, parse_spec, prime_parser
 from .pipeline import ModelTask
@@ -144,10 +145,14 @@ class ModelTuner:
     """Tunes a model's tasks with one `Measurer` (the embedded engine's, here)."""
 
     def __init__(self, store: Store, measurer: Measurer, *,
-                 on_progress: Callable[[ModelProgress], None] | None = None) -> None:
+                 on_progress: Callable[[ModelProgress], None] | None = None,
+                 on_trial: Callable[[int, str, Progress], None] | None = None) -> None:
+        """`on_progress` after each round; `on_trial(round, task name, progress)` after each
+        trial of a round (its task job's progress, as `Tuner` reports it)."""
         self.store, self.measurer = store, measurer
         self._resolved: dict[str, ResolvedTask] = {}  # workload key -> its task (`_create`)
         self.on_progress = on_progress or (lambda _p: None)
+        self.on_trial = on_trial or (lambda _r, _n, _p: None)
 
     def run(self, req: ModelRequest) -> ModelSummary:
         t0 = time.monotonic()
@@ -175,6 +180,7 @@ class ModelTuner:
             task = next((t for t in model.tasks if t.job_id == step.job_id), None)
             if job is None or task is None:
                 raise TunefarmError(f"model job {model.id}: no task job {step.job_id!r}")
+            tuner.on_progress = functools.partial(self.on_trial, rounds + 1, task.name)
             try:
                 # the task's space as its model job stored it (a resumed model keeps its own)
                 resolved = replace(self._resolved[workloads[task.idx].key], space=task.space)
