@@ -290,3 +290,34 @@ def test_tune_json_gives_the_summary_with_each_outcome_a_field(tmp_path: Path) -
     assert isinstance(summary["outcomes"], dict) and sum(summary["outcomes"].values()) == 4
     assert summary["best_s"] > 0 and summary["stop_reason"] == "budget reached"
     assert "tuning" in out.stderr
+
+
+def test_a_jobs_options_are_spelled_the_same_on_every_command_that_takes_them() -> None:
+    import typer.main
+
+    from tuner.cli import app
+
+    group: Any = typer.main.get_command(app)
+    opts = {name: {o for p in cmd.params if getattr(p, "param_type_name", "") == "option"
+                   for o in p.opts} for name, cmd in group.commands.items()}
+    job = {"--trials", "--device-key", "--target", "--seed", "--batch-size", "--wall-budget",
+           "--wall-budget-s"}
+    for name in ("tune", "submit", "tune-model"):
+        assert job <= opts[name], (name, sorted(job - opts[name]))
+    workload = {"--shape", "--param", "-p", "--tvmscript", "--space", "--early-stop"}
+    for name in ("tune", "submit"):
+        assert workload <= opts[name], (name, sorted(workload - opts[name]))
+    for name in ("best", "records", "spaces"):
+        assert {"--shape", "--param", "--tvmscript"} <= opts[name], name
+    for name in ("submit", "jobs", "follow", "cancel", "tune-model", "build", "worker"):
+        assert {"--api", "--token"} <= opts[name], name
+
+
+def test_tune_stops_at_its_wall_budget(tmp_path: Path) -> None:
+    db = f"sqlite:///{tmp_path / 'w.db'}"
+    out = run(["tune", "matmul", "--shape", "32,32,32", "--trials", "500", "--target", TARGET,
+               "--db", db, "--wall-budget", "1", "--json"], tmp_path)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    summary = json.loads(out.stdout)
+    assert summary["stop_reason"] == "wall budget of 1 s reached", summary
+    assert 0 < summary["trials_done"] < 500

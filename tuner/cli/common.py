@@ -36,6 +36,15 @@ ParamOpt = Annotated[list[str] | None, typer.Option(
 TargetOpt = Annotated[str, typer.Option(
     "--target", help='"host" (this CPU) or a JSON target dict.')]
 ScriptOpt = Annotated[Path | None, typer.Option("--tvmscript", help="TVMScript file (op 'tir').")]
+# a job's options, spelled the same on tune, submit and tune-model (tests/tuner/test_cli.py)
+BatchSizeOpt = Annotated[int | None, typer.Option(
+    min=1, help="Candidates measured per batch (default TUNEFARM_BATCH_SIZE).")]
+SeedOpt = Annotated[int | None, typer.Option(help="Search seed (default TUNEFARM_SEED, else 0).")]
+EarlyStopOpt = Annotated[int | None, typer.Option(
+    min=1, help="Stop after N trials without a new best.")]
+WallBudgetOpt = Annotated[float | None, typer.Option(
+    "--wall-budget-s", "--wall-budget", min=1,
+    help="Stop after this many seconds (a model: start no new round after them).")]
 
 
 def open_store(db: str | None) -> Any:

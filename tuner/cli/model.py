@@ -13,7 +13,18 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 from rich.text import Text
 
-from tuner.cli.common import DbOpt, TargetOpt, console, fail, fmt_s, open_store, target_arg
+from tuner.cli.common import (
+    BatchSizeOpt,
+    DbOpt,
+    SeedOpt,
+    TargetOpt,
+    WallBudgetOpt,
+    console,
+    fail,
+    fmt_s,
+    open_store,
+    target_arg,
+)
 from tuner.cli.service_jobs import TERMINAL, TokenOpt, client_token
 from tuner.core.config import get_settings
 from tuner.core.errors import SpecError, TunefarmError
@@ -58,10 +69,8 @@ def tune_model(
     round_trials: Annotated[int, typer.Option(
         min=1, help="Trials one task gets per round of the task scheduler.")] = 16,
     device_key: Annotated[str, typer.Option(help="Board class measured on.")] = "local",
-    seed: Annotated[int | None, typer.Option(help="Search seed.")] = None,
-    wall_budget_s: Annotated[float | None, typer.Option(
-        "--wall-budget-s", "--wall-budget", min=1,
-        help="Start no new round after this many seconds.")] = None,
+    seed: SeedOpt = None, wall_budget_s: WallBudgetOpt = None,
+    batch_size: BatchSizeOpt = None,
     fast_math: FastMathOpt = False,
     dtype: DtypeOpt = "float32",
     db: DbOpt = None,
@@ -94,7 +103,7 @@ def tune_model(
                 raise SpecError(f"{model}: no task of the model can be tuned", field="model")
             body = {"name": model.name, "target": tgt, "device_key": device_key,
                     "trials": trials, "round_trials": round_trials, "seed": seed,
-                    "wall_budget_s": wall_budget_s,
+                    "batch_size": batch_size, "wall_budget_s": wall_budget_s,
                     "tasks": [{"name": t.name, "weight": t.weight, "tvmscript": t.func.script()}
                               for t in kept]}
             _tune_on_service(api, token, {k: v for k, v in body.items() if v is not None},
@@ -103,7 +112,7 @@ def tune_model(
         store = open_store(db)
         req = ModelRequest(tasks=tasks, target=tgt, trials=trials, device_key=device_key,
                            name=model.name,
-                           round_trials=round_trials, batch_size=s.job_batch_size(None),
+                           round_trials=round_trials, batch_size=s.job_batch_size(batch_size),
                            seed=s.job_seed(seed), wall_budget_s=wall_budget_s,
                            options=MeasureOptions.from_settings(s, tgt))
     except TunefarmError as exc:

@@ -160,9 +160,8 @@ def submit(
     trials: Annotated[int, typer.Option(min=1)] = 64,
     device_key: Annotated[str, typer.Option()] = "local",
     space: Annotated[str, typer.Option()] = "default",
-    wall_budget_s: Annotated[float | None, typer.Option(
-        "--wall-budget-s", "--wall-budget",
-        help="Stop after this many seconds (the name tune-model uses too).")] = None,
+    wall_budget_s: common.WallBudgetOpt = None, batch_size: common.BatchSizeOpt = None,
+    seed: common.SeedOpt = None, early_stop: common.EarlyStopOpt = None,
     follow: Annotated[bool, typer.Option(help="Follow progress until the job ends.")] = True,
     idempotency_key: Annotated[str | None, typer.Option(help="Retry-safe submission key.")] = None,
     api: ApiOpt = None, token: TokenOpt = None,
@@ -172,7 +171,8 @@ def submit(
 
     try:
         body = _job_body(op, shape, param, tvmscript, target, trials=trials,
-                         device_key=device_key, space=space, wall_budget_s=wall_budget_s)
+                         device_key=device_key, space=space, wall_budget_s=wall_budget_s,
+                         batch_size=batch_size, seed=seed, early_stop=early_stop)
         client = Client(api or get_settings().api_url, client_token(token))
         job = client.submit_job(body, idempotency_key=idempotency_key)
     except json.JSONDecodeError as exc:

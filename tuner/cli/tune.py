@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import sys
+import time
 from typing import Annotated, Any
 
 import typer
@@ -14,12 +15,16 @@ from rich.table import Table
 from rich.text import Text
 
 from tuner.cli.common import (
+    BatchSizeOpt,
     DbOpt,
+    EarlyStopOpt,
     OpArg,
     ParamOpt,
     ScriptOpt,
+    SeedOpt,
     ShapeOpt,
     TargetOpt,
+    WallBudgetOpt,
     console,
     err,
     fail,
@@ -41,11 +46,8 @@ def tune(
     space: Annotated[str, typer.Option(
         help="Search space: a template name, 'auto' (MetaSchedule's generated space) or "
              "'default' (the best that applies).")] = "default",
-    batch_size: Annotated[int | None, typer.Option(min=1)] = None,
-    early_stop: Annotated[int | None, typer.Option(
-        min=1, help="Stop after N trials without a new best.")] = None,
-    seed: Annotated[int | None, typer.Option(
-        help="Search seed (default TUNEFARM_SEED, else 0).")] = None,
+    batch_size: BatchSizeOpt = None, early_stop: EarlyStopOpt = None, seed: SeedOpt = None,
+    wall_budget_s: WallBudgetOpt = None,
     fresh: Annotated[bool, typer.Option(
         help="Start a new job instead of resuming the last one.")] = False,
     cache_flush: Annotated[bool | None, typer.Option(
@@ -89,7 +91,15 @@ def tune(
                        last=p.message or last)
 
         try:
-            summary = Tuner(store, measurer, on_progress=on_progress).run(req)
+            started = time.monotonic()
+
+            def over_time() -> str | None:
+                if wall_budget_s is not None and time.monotonic() - started > wall_budget_s:
+                    return f"wall budget of {wall_budget_s:g} s reached"
+                return None
+
+            summary = Tuner(store, measurer, on_progress=on_progress,
+                            should_stop=over_time).run(req)
         except TunefarmError as exc:
             fail(exc)
     if as_json:  # each outcome a field, for scripts
