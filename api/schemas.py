@@ -154,6 +154,10 @@ class JobPoints(BaseModel):
 
     flops: int = Field(description="Floating-point operations of one run of the workload (0: "
                                    "unknown, so no GFLOPS).")
+    nbytes: int = Field(default=0, description="Bytes of the workload's parameters: the least a "
+                                               "run moves (0: unknown, so no GB/s).")
+    memory_bound: bool = Field(default=False, description=(
+        "Under the board's balance (flop per byte): chart GB/s against the memory roof."))
     trial_id: list[str]
     latency_s: list[float | None]
     gflops: list[float | None]
@@ -208,6 +212,9 @@ class Whoami(BaseModel):
     peak_gflops: dict[str, float] = Field(
         description="The fp32 peak of each device key whose operator declared one "
                     "(TUNEFARM_PEAK_GFLOPS), for '% of peak'.")
+    peak_gbps: dict[str, float] = Field(default_factory=dict, description=(
+        "The memory read bandwidth of each device key whose operator declared one "
+        "(TUNEFARM_PEAK_GBPS), the roof of memory-bound jobs."))
 
 
 # --- model jobs ----------------------------------------------------------------------------

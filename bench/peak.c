@@ -1,4 +1,5 @@
-/* The CPU's compute peak, for the benchmark's "% of peak" column (--peak-fp32, --peak-int8).
+/* The CPU's compute peak, for the benchmark's "% of peak" column (--peak-fp32, --peak-int8),
+   and its memory read bandwidth, the roof of memory-bound kernels (TUNEFARM_PEAK_GBPS).
 
    Register-only loops of independent AVX-512 instructions on N threads (default 2): fp32 FMA
    (vfmadd, 16 lanes x 2 flops) and int8 VNNI (vpdpbusd, 64 multiply-adds x 2 ops). Twelve
@@ -16,6 +17,10 @@
    (8-lane FMA; there is no VNNI int8 instruction to time):
 
      gcc -O2 -mavx2 -mfma -pthread bench/peak.c -o /tmp/peak && /tmp/peak 2
+
+   The bandwidth: each thread sums its own 256 MiB of floats (far past the last-level cache)
+   with 256-bit loads into four accumulators, best of three passes after one to fault the pages
+   in; bytes read over seconds.
 
    Zen 5 (full-width AVX-512): ~527 GFLOPS fp32 on 2 cores at 4.13 GHz. Zen 4 executes a 512-bit
    FMA as two 256-bit halves: about half of that per clock. */
@@ -109,6 +114,43 @@ static void *fp32(void *out) {
 }
 #endif
 
+#define BW_FLOATS (64L << 20) /* 256 MiB per thread */
+
+static void *bandwidth(void *out) {
+  float *a = aligned_alloc(64, BW_FLOATS * sizeof(float));
+  if (!a) return NULL;
+  for (long i = 0; i < BW_FLOATS; i++) a[i] = (float)(i & 7);
+  __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
+  double best = 1e30;
+  for (int rep = 0; rep < 4; rep++) {
+    double t0 = now();
+    for (long i = 0; i < BW_FLOATS; i += 32) {
+      s0 = _mm256_add_ps(s0, _mm256_load_ps(a + i));
+      s1 = _mm256_add_ps(s1, _mm256_load_ps(a + i + 8));
+      s2 = _mm256_add_ps(s2, _mm256_load_ps(a + i + 16));
+      s3 = _mm256_add_ps(s3, _mm256_load_ps(a + i + 24));
+    }
+    double dt = now() - t0;
+    if (rep > 0 && dt < best) best = dt;
+  }
+  float lanes[8];
+  _mm256_storeu_ps(lanes, _mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3)));
+  free(a);
+  ((float *)out)[0] = lanes[0];
+  ((float *)out)[1] = (float)best;  /* seconds of this thread's fastest pass */
+  return NULL;
+}
+
+static double read_gbps(int threads) {
+  pthread_t t[64];
+  float out[64][2];
+  for (int i = 0; i < threads; i++) pthread_create(&t[i], NULL, bandwidth, out[i]);
+  for (int i = 0; i < threads; i++) pthread_join(t[i], NULL);
+  double slowest = 0;
+  for (int i = 0; i < threads; i++) slowest = out[i][1] > slowest ? out[i][1] : slowest;
+  return (double)threads * BW_FLOATS * sizeof(float) / slowest / 1e9;
+}
+
 static double run(void *(*fn)(void *), int threads) {
   pthread_t t[64];
   float sink[64];
@@ -151,5 +193,8 @@ int main(int argc, char **argv) {
          best_f);
   printf("python -m bench ... --peak-fp32 %.0f\n", best_f);
 #endif
+  double gbps = read_gbps(threads);
+  printf("%d threads: memory read %.1f GB/s (the roof of memory-bound kernels)\n", threads, gbps);
+  printf("TUNEFARM_PEAK_GBPS='{\"local\": %.0f}'\n", gbps);
   return 0;
 }

@@ -11,6 +11,7 @@ from fastapi import APIRouter, Header, Query, Response
 from fastapi.responses import StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
+from tuner.core.measurements import memory_bound
 from tuner.db import dashboard
 from tuner.db import jobs as jobs_db
 from tuner.db.tables import JobState
@@ -59,7 +60,7 @@ async def submit_job(body: JobCreate, response: Response, ctx: CtxDep, principal
         done = jobs.submit(ctx, body, idempotency_key, principal)
         response.headers["Location"] = JOB_LOCATION.format(done.job.id)
         response.headers["Retry-After"] = "2"
-        return jobs_db.job_view(ctx.store, done.job)
+        return jobs_db.job_view(ctx.store, done.job, ctx.settings)
 
     return await run_in_threadpool(submit)
 
@@ -78,20 +79,21 @@ def list_jobs(ctx: CtxDep, principal: UserDep, state: JobState | None = None,
         return JobPage(items=[], next_cursor=None)
     rows, nxt = jobs_db.list_jobs(ctx.store, state=state, limit=limit, cursor=cursor,
                                   owner=jobs.list_owner(principal, owner), op=op)
-    return JobPage(items=[jobs_db.job_view(ctx.store, r) for r in rows], next_cursor=nxt)
+    return JobPage(items=[jobs_db.job_view(ctx.store, r, ctx.settings) for r in rows],
+                   next_cursor=nxt)
 
 
 @router.get("/{job_id}", response_model=JobPublic, responses=_PROBLEMS)
 def get_job(job_id: str, ctx: CtxDep, principal: UserDep) -> JobPublic:
     """One of the caller's jobs (an admin: any job), with its progress and best record."""
-    return jobs_db.job_view(ctx.store, jobs.get(ctx, job_id, principal))
+    return jobs_db.job_view(ctx.store, jobs.get(ctx, job_id, principal), ctx.settings)
 
 
 @router.post("/{job_id}/cancel", status_code=202, response_model=JobPublic, responses=_PROBLEMS)
 def cancel_job(job_id: str, ctx: CtxDep, principal: UserDep) -> JobPublic:
     """Cancel (idempotent): a queued job is cancelled at once, a running one stops after its
     current candidate (CANCELLING, then CANCELLED); finished jobs are left as they are."""
-    return jobs_db.job_view(ctx.store, jobs.cancel(ctx, job_id, principal))
+    return jobs_db.job_view(ctx.store, jobs.cancel(ctx, job_id, principal), ctx.settings)
 
 
 @router.get("/{job_id}/records", response_model=RecordPage, responses=PAGED)
@@ -108,8 +110,11 @@ def job_points(job_id: str, ctx: CtxDep, principal: UserDep) -> JobPoints:
     """Every measurement of the job as columns, in the order stored, without traces: what a
     chart of the job draws (the dashboard's tuning curve and records table)."""
     job = jobs.get(ctx, job_id, principal)
-    flops = jobs_db.job_stats(ctx.store, job).flops
-    return JobPoints(flops=flops, **dashboard.job_points(ctx.store, job.id, flops))
+    stats = jobs_db.job_stats(ctx.store, job)
+    return JobPoints(flops=stats.flops, nbytes=stats.nbytes,
+                     memory_bound=memory_bound(stats.flops, stats.nbytes,
+                                               ctx.settings.balance(stats.device_key)),
+                     **dashboard.job_points(ctx.store, job.id, stats.flops))
 
 
 @router.get("/{job_id}/points.csv", response_class=Response, responses={

@@ -95,4 +95,5 @@ async def whoami(ctx: CtxDep, principal: CurrentPrincipal) -> Whoami:
     """The calling token's principal (any scope) and the boards' declared fp32 peaks: what the
     dashboard shows after sign-in, and what it needs for "% of peak"."""
     return Whoami(name=principal.name, scope=str(principal.scope), owner=principal.owner,
-                  device_key=principal.device_key, peak_gflops=dict(ctx.settings.peak_gflops))
+                  device_key=principal.device_key, peak_gflops=dict(ctx.settings.peak_gflops),
+                  peak_gbps=dict(ctx.settings.peak_gbps))

@@ -104,6 +104,29 @@ def test_points_are_the_jobs_records_as_columns_for_its_owner_only(
     assert client.get(f"/v1/jobs/{job['id']}/points", headers=worker).status_code == 403
 
 
+def test_a_memory_bound_job_is_measured_in_gb_per_s(client: Any, user: dict[str, str],
+                                                    worker: dict[str, str], submit: Submit,
+                                                    result_for: ResultFor,
+                                                    api_settings: Any) -> None:
+    soft = submit(user, {**SUBMIT, "workload": {"op": "softmax", "shape": [64, 128]}})
+    mm = submit(user)  # 128^3 matmul (SUBMIT): 21 flop per byte
+    for job in (soft, mm):
+        _post(client, worker, result_for(job, latency_s=2e-3))
+    got = client.get(f"/v1/jobs/{soft['id']}", headers=user).json()
+    assert got["nbytes"] == 2 * 64 * 128 * 4 and got["memory_bound"] is True
+    assert got["best"]["gbps"] == pytest.approx(got["nbytes"] / 2e-3 / 1e9, rel=0.02)
+    pts = client.get(f"/v1/jobs/{soft['id']}/points", headers=user).json()
+    assert pts["nbytes"] == got["nbytes"] and pts["memory_bound"] is True
+    mine = client.get(f"/v1/jobs/{mm['id']}", headers=user).json()
+    assert mine["memory_bound"] is False and mine["nbytes"] == 3 * 128 * 128 * 4
+    # the board's declared balance decides: on one of 40 flop per byte the matmul is
+    # memory-bound
+    api_settings.peak_gflops, api_settings.peak_gbps = {"local": 400.0}, {"local": 10.0}
+    assert client.get(f"/v1/jobs/{mm['id']}", headers=user).json()["memory_bound"] is True
+    me = client.get("/v1/whoami", headers=user).json()
+    assert me["peak_gbps"] == {"local": 10.0}
+
+
 def test_points_name_each_records_knobs_with_their_importance_and_download_as_csv(
         client: Any, user: dict[str, str], worker: dict[str, str], submit: Submit,
         result_for: ResultFor) -> None:

@@ -201,7 +201,7 @@ def test_responses_carry_exactly_the_declared_fields(
     assert items[0]["gflops"] == pytest.approx(2 * 128**3 / 2e-3 / 1e9, rel=0.05)
     got = client.get(f"/v1/jobs/{job['id']}", headers=user).json()
     assert set(got) == set(JobPublic.model_fields) and set(got["best"]) == {
-        "trial_id", "latency_s", "gflops"}
+        "trial_id", "latency_s", "gflops", "gbps"}
 
 
 @pytest.mark.parametrize("cursor", [

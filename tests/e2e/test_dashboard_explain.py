@@ -32,7 +32,8 @@ OPTION = """async (sel) => {
 
 @pytest.fixture
 def farm(pg_url: str, private_redis_url: str, tmp_path: Path) -> Iterator[Farm]:
-    with running_farm(pg_url, private_redis_url, tmp_path) as f:
+    with running_farm(pg_url, private_redis_url, tmp_path,
+                      TUNEFARM_PEAK_GBPS=json.dumps({"e2e": 30.0})) as f:
         yield f
 
 
@@ -173,6 +174,18 @@ def test_the_job_page_explains_its_knobs_live_and_two_jobs_compare(
         assert data[-1][0] == final["trials_done"] and len(data) == s["points"]
     assert ui.page.locator("#compare-table tbody tr").count() == 2
     ui.shot(shots / "compare-1280.png")
+
+    # a memory-bound job (softmax: 0.6 flop per byte) is read in GB/s against the bandwidth
+    soft = client.submit_job({"workload": {"op": "softmax", "shape": [256, 512]},
+                              "target": TARGET, "device_key": "e2e", "trials": 4})
+    ui.go(f"#/jobs/{soft['id']}")
+    ui.page.wait_for_selector("#view[data-final]", timeout=120_000)
+    header = ui.text('[data-field="best"]')
+    assert "GB/s" in header and "of bandwidth" in header, header
+    assert "GB/s" in ui.text("#records thead") and "GFLOPS" not in ui.text("#records thead")
+    final = client.get_job(soft["id"])
+    shown = float(header.split("·")[1].split()[0])
+    assert shown == pytest.approx(final["best"]["gbps"], rel=0.02), (header, final["best"])
     assert ui.errors == [], ui.errors
     ui.close()
 

@@ -32,9 +32,10 @@ def _env(tmp_path: Path) -> dict[str, str]:
             "TUNEFARM_MIN_REPEAT_MS": "2", "TUNEFARM_REPEATS": "3", "COLUMNS": "200"}
 
 
-def run(args: list[str], tmp_path: Path, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+def run(args: list[str], tmp_path: Path, timeout: float = 300,
+        env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(_cli() + args, capture_output=True, text=True, timeout=timeout,
-                          env=_env(tmp_path))
+                          env={**_env(tmp_path), **(env or {})})
 
 
 @pytest.mark.parametrize(
@@ -290,6 +291,13 @@ def test_tune_json_gives_the_summary_with_each_outcome_a_field(tmp_path: Path) -
     assert isinstance(summary["outcomes"], dict) and sum(summary["outcomes"].values()) == 4
     assert summary["best_s"] > 0 and summary["stop_reason"] == "budget reached"
     assert "tuning" in out.stderr
+    assert summary["rate_unit"] == "GFLOPS"  # a 32^3 matmul: 5 flop per byte, compute-bound
+    soft = run(["tune", "softmax", "--shape", "64,128", "--trials", "2", "--target", TARGET,
+                "--db", db, "--json"], tmp_path,
+               env={"TUNEFARM_PEAK_GBPS": '{"local": 20}'})
+    assert soft.returncode == 0, soft.stderr[-2000:]
+    assert json.loads(soft.stdout)["rate_unit"] == "GB/s"  # softmax: under 1 flop per byte
+    assert "GB/s" in soft.stderr and "of 20)" in soft.stderr
 
 
 def test_a_jobs_options_are_spelled_the_same_on_every_command_that_takes_them() -> None:

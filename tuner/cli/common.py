@@ -114,6 +114,28 @@ def fail(exc: TunefarmError) -> NoReturn:
     raise typer.Exit(2)
 
 
+def rate(flops: int, nbytes: int, device_key: str) -> tuple[str, Any]:
+    """(unit, seconds -> text) of a workload's throughput: GB/s of its parameters for a
+    memory-bound one (`memory_bound`: its roof is the bandwidth), else GFLOPS; with the device
+    key's declared roof (TUNEFARM_PEAK_GBPS / TUNEFARM_PEAK_GFLOPS), its share of it."""
+    from tuner.core.config import get_settings
+    from tuner.core.measurements import gbps, gflops, memory_bound
+
+    s = get_settings()
+    if memory_bound(flops, nbytes, s.balance(device_key)):
+        unit, work, roof = "GB/s", nbytes, s.peak_gbps.get(device_key)
+    else:
+        unit, work, roof = "GFLOPS", flops, s.peak_gflops.get(device_key)
+
+    def text(seconds: float | None) -> str:
+        value = (gbps if unit == "GB/s" else gflops)(work, seconds)
+        if value is None:
+            return "-"
+        return f"{value:.1f}" + (f" ({value / roof:.0%} of {roof:g})" if roof else "")
+
+    return unit, text
+
+
 def fmt_s(s: float | None) -> str:
     """A latency for people: ms above a millisecond, else us."""
     if s is None:

@@ -30,6 +30,7 @@ from tuner.cli.common import (
     fail,
     fmt_s,
     open_store,
+    rate,
     target_arg,
     workload_arg,
 )
@@ -77,17 +78,17 @@ def tune(
     out = err if as_json else console
     out.print(Text.assemble((wl.description, "bold"), f"  key {wl.key}  on {json.dumps(tgt)}  "
                             f"({tv.tvm_version()})"))
+    unit, rate_of = rate(wl.flops, tv.param_bytes(wl.mod()), device_key)
     columns = [TextColumn("[bold blue]tuning"), BarColumn(), MofNCompleteColumn(),
-               TextColumn("best {task.fields[best]}  {task.fields[gflops]} GFLOPS  "
+               TextColumn("best {task.fields[best]}  {task.fields[rate]} " + unit + "  "
                           "{task.fields[last]}"),
                TimeElapsedColumn()]
     with Progress(*columns, console=out, transient=False) as bar, LocalMeasurer() as measurer:
-        task = bar.add_task("tune", total=trials, best="-", gflops="-", last="")
+        task = bar.add_task("tune", total=trials, best="-", rate="-", last="")
 
         def on_progress(p: Any) -> None:
             last = "" if p.last is None else str(p.last.invalidity)
-            bar.update(task, completed=p.done, best=fmt_s(p.best_s),
-                       gflops=f"{p.best_gflops:.1f}" if p.best_gflops else "-",
+            bar.update(task, completed=p.done, best=fmt_s(p.best_s), rate=rate_of(p.best_s),
                        last=p.message or last)
 
         try:
@@ -105,7 +106,8 @@ def tune(
     if as_json:  # each outcome a field, for scripts
         fields = dataclasses.asdict(summary)
         fields["outcomes"] = dict(sorted(fields.pop("counts").items()))
-        sys.stdout.write(json.dumps({**fields, "trials": trials}, indent=2) + "\n")
+        sys.stdout.write(json.dumps({**fields, "trials": trials, "rate_unit": unit},
+                                    indent=2) + "\n")
         return
     table = Table(title="tuning summary", show_header=False)
     for k, v in [("job", summary.job_id), ("workload", wl.key), ("stopped", summary.stop_reason),
@@ -115,7 +117,7 @@ def tune(
                  ("proposed again (dropped)", str(summary.reproposed)),
                  ("outcomes", ", ".join(f"{k}={v}" for k, v in sorted(summary.counts.items()))),
                  ("best latency", fmt_s(summary.best_s)),
-                 ("best GFLOPS", f"{summary.best_gflops:.1f}" if summary.best_gflops else "-"),
+                 (f"best {unit}", rate_of(summary.best_s)),
                  ("wall time", f"{summary.wall_s:.1f} s")]:
         table.add_row(k, v)
     console.print(table)
@@ -143,8 +145,10 @@ def best(
     console.print(Text.assemble((wl.description, "bold"),
                                 f" on {json.dumps(rec['target'])} ({rec['device_key']})"),
                   highlight=False)
-    gf = f"{rec['gflops']:.1f} GFLOPS" if rec["gflops"] else "- GFLOPS"
-    console.print(f"best: {fmt_s(rec['latency_s'])}  {gf}  "
+    from tuner.core import tvm_api as tv
+
+    unit, rate_of = rate(wl.flops, tv.param_bytes(wl.mod()), rec["device_key"])
+    console.print(f"best: {fmt_s(rec['latency_s'])}  {rate_of(rec['latency_s'])} {unit}  "
                   f"(cv {cv}, trial {rec['trial_id']}, space {rec['space']})", highlight=False)
     console.print(rec["schedule_python"], markup=False, highlight=False, soft_wrap=True)
 

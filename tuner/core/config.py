@@ -84,6 +84,15 @@ class Settings(BaseSettings):
     # the dashboard's "% of peak": fp32 GFLOPS of a board of each device key, as its operator
     # measured it (bench/peak.c), e.g. TUNEFARM_PEAK_GFLOPS='{"local": 230}'
     peak_gflops: dict[str, float] = {}
+    # ... and its memory read bandwidth, the roof of memory-bound kernels (softmax, norms, GEMV),
+    # also from bench/peak.c, e.g. TUNEFARM_PEAK_GBPS='{"local": 32}'
+    peak_gbps: dict[str, float] = {}
+
+    def balance(self, device_key: str) -> float | None:
+        """Peak GFLOPS over peak GB/s of a device key where both are declared (flop per byte:
+        a kernel below it is memory-bound), else None."""
+        f, b = self.peak_gflops.get(device_key), self.peak_gbps.get(device_key)
+        return f / b if f and b else None
 
     # security (docs/security.md): sandboxes, quotas, HTTP limits
     sandbox_memory_mb: int = 8192  # address space of a build/run/parse child (RLIMIT_AS)

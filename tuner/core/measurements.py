@@ -73,6 +73,24 @@ def gflops(flops: float, seconds: float | None) -> float | None:
     return flops / seconds / 1e9 if seconds and flops else None
 
 
+def gbps(nbytes: float, seconds: float | None) -> float | None:
+    """Bandwidth of a kernel that reads and writes its parameters once (`nbytes`, the least it
+    must move) in `seconds`: GB/s; None without a time or a byte count."""
+    return nbytes / seconds / 1e9 if seconds and nbytes else None
+
+
+# flop per byte below which a kernel is memory-bound when the board's balance (peak GFLOPS over
+# peak GB/s) is not declared: CPUs sit at 5-15 (a 2-core Zen 3 VM: 199 / 32 ~ 6); softmax, the
+# norms and GEMV are under 1, a 64^3 matmul over 10
+DEFAULT_BALANCE = 4.0
+
+
+def memory_bound(flops: float, nbytes: float, balance: float | None = None) -> bool:
+    """Whether a kernel's arithmetic intensity (flops per byte it must move) is under the
+    board's balance: its roof is the memory's bandwidth, so GB/s says more than GFLOPS."""
+    return nbytes > 0 and flops / nbytes < (balance or DEFAULT_BALANCE)
+
+
 @dataclass(frozen=True)
 class MeasureInput:
     trial_id: str

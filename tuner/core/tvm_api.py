@@ -67,6 +67,7 @@ __all__ = [
     "make_target",
     "ms",
     "num_tensor_elements",
+    "param_bytes",
     "param_specs",
     "prim_func_from_tvmscript",
     "relax",
@@ -285,6 +286,18 @@ def param_specs(mod: Any) -> list[tuple[tuple[int, ...], str]]:
     """(shape, dtype) of each parameter of `mod["main"]`."""
     # in TVM 0.27 a PrimFunc has no buffer_map: buffer params are Vars typed BufferType
     return [(tuple(int(d) for d in p.shape), str(p.dtype)) for p in mod["main"].params]
+
+
+def param_bytes(mod: Any) -> int:
+    """Bytes of the parameters of `mod["main"]`: what one run reads and writes at least (0 if
+    a shape is not static)."""
+    import numpy as np
+
+    try:
+        return int(sum(int(np.prod(shape)) * tvm.DataType(dtype).itemsize
+                       for shape, dtype in param_specs(mod)))
+    except (TypeError, ValueError, AttributeError):
+        return 0
 
 
 def compile_module(mod: Any, target: Any) -> Any:

@@ -43,4 +43,5 @@ def register_workload(store: Store, wl: Registrable) -> int:
 
     return store.ensure_workload(
         key=wl.key, op=wl.op, spec_json=wl.spec_json(), shash=wl.shash(),
-        mod_json=tv.save_json(wl.mod()), description=wl.description, flops=int(wl.flops))
+        mod_json=tv.save_json(wl.mod()), description=wl.description, flops=int(wl.flops),
+        nbytes=tv.param_bytes(wl.mod()))

@@ -345,14 +345,16 @@ def job_stats(store: Store, job: JobRow) -> JobStats:
             select(m.ModelTask.name).where(m.ModelTask.job_id == job.id).limit(1))
         return JobStats(
             workload_key=w.key, workload=json.loads(w.spec_json), flops=w.flops,
+            nbytes=w.nbytes or 0,
             target=json.loads(t.target_json), device_key=t.device_key, trials_done=int(done),
             best_trial_id=None if best is None else best[0],
             best_s=None if best is None else best[1], task_name=task)
 
 
-def job_view(store: Store, job: JobRow) -> JobPublic:
-    """The public view of a job: its request, state, progress and best record so far."""
-    return JobPublic.from_row(job, job_stats(store, job))
+def job_view(store: Store, job: JobRow, settings: Settings | None = None) -> JobPublic:
+    """The public view of a job: its request, state, progress and best record so far
+    (`settings`: whose declared peaks say whether it is memory-bound; default the process's)."""
+    return JobPublic.from_row(job, job_stats(store, job), settings)
 
 
 def records_page(store: Store, job: JobRow, *, limit: int,

@@ -49,11 +49,12 @@ class WorkloadRow:
     description: str
     flops: int
     created_at: datetime
+    nbytes: int = 0  # the parameters' bytes: the least a run moves (0: not known)
 
     @classmethod
     def of(cls, row: m.Workload) -> WorkloadRow:
         return cls(row.id, row.key, row.op, row.spec_json, row.shash, row.mod_json,
-                   row.description, row.flops, row.created_at)
+                   row.description, row.flops, row.created_at, row.nbytes or 0)
 
 
 @dataclass(frozen=True)

@@ -150,10 +150,11 @@ class Store:
     # workloads and targets
 
     def ensure_workload(self, *, key: str, op: str, spec_json: str, shash: str, mod_json: str,
-                        description: str = "", flops: int = 0) -> int:
+                        description: str = "", flops: int = 0, nbytes: int = 0) -> int:
         """The id of workload `key`, inserted if missing (race-free across processes)."""
         values = dict(key=key, op=op, spec_json=spec_json, shash=shash, mod_json=mod_json,
-                      description=description, flops=int(flops), created_at=utcnow())
+                      description=description, flops=int(flops), nbytes=int(nbytes),
+                      created_at=utcnow())
         query = select(m.Workload.id).where(m.Workload.key == key)
         with self.session() as s:
             wid = s.scalar(query)

@@ -134,6 +134,8 @@ class Workload(Base):
     mod_json: Mapped[str] = mapped_column(Text)  # tvm.ir.save_json(IRModule)
     description: Mapped[str] = mapped_column(Text, default="")
     flops: Mapped[int] = mapped_column(BigInteger, default=0)
+    # bytes of its parameters, read or written once: the least one run moves (0: not known)
+    nbytes: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
 
 

@@ -19,10 +19,11 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, Field, field_validator
 
-from ..core.measurements import gflops
+from ..core.measurements import gbps, gflops, memory_bound
 from .rows import JobRow, RecordRow
 
 if TYPE_CHECKING:
+    from ..core.config import Settings
     from .model_jobs import ModelRow
     from .workers import WorkerRow
 
@@ -47,12 +48,15 @@ class JobStats:
     best_trial_id: str | None = None
     best_s: float | None = None
     task_name: str | None = None  # a model's task job: the task's name
+    nbytes: int = 0  # the workload's parameters' bytes (0: not known)
 
 
 class BestSoFar(BaseModel):
     trial_id: str
     latency_s: float | None
     gflops: float | None
+    gbps: float | None = Field(default=None, description=(
+        "The workload's parameters' bytes over the latency: GB/s, for a memory-bound job."))
 
 
 class JobPublic(BaseModel):
@@ -79,24 +83,37 @@ class JobPublic(BaseModel):
     task_name: str | None = Field(default=None, description=(
         "A model's task job: the task's name (relax's name of its PrimFunc, e.g. "
         "fused_matmul_add_relu)."))
+    nbytes: int = Field(default=0, description=(
+        "Bytes of the workload's parameters, read or written once: the least a run moves "
+        "(0: not known)."))
+    memory_bound: bool = Field(default=False, description=(
+        "Its flops per byte are under the board's balance (peak GFLOPS over peak GB/s where "
+        "both are declared, else 4): its roof is the memory bandwidth, so read GB/s."))
     created_at: str
     updated_at: str
     started_at: str | None = None
     finished_at: str | None = None
 
     @classmethod
-    def from_row(cls, row: JobRow, stats: JobStats) -> JobPublic:
+    def from_row(cls, row: JobRow, stats: JobStats,
+                 settings: Settings | None = None) -> JobPublic:
+        from ..core.config import get_settings
+
         best = None
         if stats.best_trial_id is not None:
             best = BestSoFar(trial_id=stats.best_trial_id, latency_s=stats.best_s,
-                             gflops=gflops(stats.flops, stats.best_s))
+                             gflops=gflops(stats.flops, stats.best_s),
+                             gbps=gbps(stats.nbytes, stats.best_s))
+        balance = (settings or get_settings()).balance(stats.device_key)
+        bound = memory_bound(stats.flops, stats.nbytes, balance)
         return cls(
             id=row.id, owner=row.owner, state=str(row.state), workload_key=stats.workload_key,
             workload=stats.workload, target=stats.target, device_key=stats.device_key,
             space=row.space, trials=row.trials, trials_done=stats.trials_done,
             wall_budget_s=row.wall_budget_s, options=row.options, best=best, error=row.error,
             message=row.message if not row.state.is_terminal else None,
-            model_id=row.model_id, task_name=stats.task_name,
+            model_id=row.model_id, task_name=stats.task_name, nbytes=stats.nbytes,
+            memory_bound=bound,
             created_at=row.created_at.isoformat(),
             updated_at=row.updated_at.isoformat(),
             started_at=_iso(row.started_at), finished_at=_iso(row.finished_at))

@@ -12,7 +12,7 @@ import { badge, clear, errorBox, fill, fmt, h, progress, sortableTable, TERMINAL
 export function render(view, { id, me }) {
   const started = performance.now();
   const abort = new AbortController();
-  const state = { job: null, flops: 0, points: [], seen: new Set(), importance: {} };
+  const state = { job: null, flops: 0, nbytes: 0, memoryBound: false, points: [], seen: new Set(), importance: {} };
   const head = h("div");
   const summary = h("div", { class: "summary" });
   const chartHost = h("div", { id: "job-chart" });
@@ -28,24 +28,30 @@ export function render(view, { id, me }) {
   let redrawTimer = null;
   let refetchTimer = null;
 
-  const higherIsBetter = () => state.flops > 0;
-  const yOf = (p) => (p.latency_s === null ? null : higherIsBetter() ? state.flops / p.latency_s / 1e9 : p.latency_s * 1e6);
-  const peak = () => (me.peak_gflops || {})[state.job.device_key] || null;
+  // the job's throughput: GB/s for a memory-bound workload (softmax, norms, GEMV: its roof is the
+  // memory bandwidth, TUNEFARM_PEAK_GBPS), else GFLOPS against the compute peak
+  const rate = () => (state.memoryBound && state.nbytes
+    ? { unit: "GB/s", work: state.nbytes, roof: (me.peak_gbps || {})[state.job.device_key] || null, of: "bandwidth" }
+    : { unit: "GFLOPS", work: state.flops, roof: (me.peak_gflops || {})[state.job.device_key] || null, of: "peak" });
+  const rateOf = (lat) => (lat && rate().work ? rate().work / lat / 1e9 : null);
+  const higherIsBetter = () => rate().work > 0;
+  const yOf = (p) => (p.latency_s === null ? null : higherIsBetter() ? rateOf(p.latency_s) : p.latency_s * 1e6);
+  const peak = () => rate().roof;
 
   function drawHead() {
     const j = state.job;
     const cancel = TERMINAL.has(j.state) || j.state === "CANCELLING" ? null
       : h("button", { type: "button", id: "cancel", class: "danger", onclick: onCancel }, "Cancel job");
     fill(head, h("h1", null, `Job ${j.id.slice(0, 8)} `, badge(j.state)), cancel);
-    const bestG = j.best && j.best.gflops;
+    const bestG = j.best && rateOf(j.best.latency_s);
     const rows = [
       ["workload", `${fmt.workload(j.workload)}${fmt.params(j.workload) ? ` · ${fmt.params(j.workload)}` : ""}` +
         `${j.task_name ? ` · task ${j.task_name}` : ""} (${j.workload_key})`],
       ["target", `${fmt.target(j.target)} · device ${j.device_key} · space ${j.space}`],
       ["owner", j.owner],
       ["progress", progress(j.trials_done, j.trials)],
-      ["best", j.best ? `${fmt.seconds(j.best.latency_s)} · ${fmt.gflops(bestG)} GFLOPS` +
-        (peak() && bestG ? ` · ${fmt.pct(bestG / peak())} of peak` : "") : "no valid measurement yet"],
+      ["best", j.best ? `${fmt.seconds(j.best.latency_s)} · ${fmt.gflops(bestG)} ${rate().unit}` +
+        (peak() && bestG ? ` · ${fmt.pct(bestG / peak())} of ${rate().of}` : "") : "no valid measurement yet"],
       ["created", `${new Date(j.created_at).toLocaleString()}` +
         (j.finished_at ? ` · ran ${((Date.parse(j.finished_at) - Date.parse(j.started_at || j.created_at)) / 1000).toFixed(0)} s` : "")],
     ];
@@ -69,12 +75,12 @@ export function render(view, { id, me }) {
     });
     if (!chart) {
       chart = new Chart(chartHost, {
-        yLabel: higherIsBetter() ? "GFLOPS" : "latency (µs)",
+        yLabel: higherIsBetter() ? rate().unit : "latency (µs)",
         describe: (q) => `#${q.x} ${q.p.trial_id.slice(0, 10)} · ${q.p.invalidity}` +
-          (q.y === null ? "" : higherIsBetter() ? ` · ${fmt.gflops(q.y)} GFLOPS` : ` · ${fmt.seconds(q.p.latency_s)}`),
+          (q.y === null ? "" : higherIsBetter() ? ` · ${fmt.gflops(q.y)} ${rate().unit}` : ` · ${fmt.seconds(q.p.latency_s)}`),
       });
     }
-    if (higherIsBetter() && peak()) chart.setReference({ y: peak(), label: `peak ${peak()} GFLOPS` });
+    if (higherIsBetter() && peak()) chart.setReference({ y: peak(), label: `${rate().of} ${peak()} ${rate().unit}` });
     chart.setData(pts, line);
     const counts = {};
     for (const p of state.points) counts[p.invalidity] = (counts[p.invalidity] || 0) + 1;
@@ -101,7 +107,7 @@ export function render(view, { id, me }) {
       { label: "trial", value: (r) => r.trial_id, render: (r) => h("code", { title: r.trial_id }, r.trial_id.slice(0, 10)) },
       { label: "result", value: (r) => r.invalidity, render: (r) => h("span", { class: `k-text-${r.invalidity}` }, r.invalidity) },
       { label: "latency", value: (r) => r.latency_s, render: (r) => fmt.seconds(r.latency_s), num: true },
-      { label: "GFLOPS", value: (r) => r.gflops, render: (r) => fmt.gflops(r.gflops), num: true, desc: true },
+      { label: rate().unit, value: (r) => rateOf(r.latency_s), render: (r) => fmt.gflops(rateOf(r.latency_s)), num: true, desc: true },
       { label: "predicted", value: (r) => r.predicted_s, render: (r) => fmt.seconds(r.predicted_s), num: true },
       { label: "build", value: (r) => r.build_s, render: (r) => (r.build_s === null ? "–" : `${r.build_s.toFixed(2)} s`), num: true },
       { label: "worker", value: (r) => r.worker_name || r.worker || "",
@@ -173,7 +179,7 @@ export function render(view, { id, me }) {
         }
       } }, "Copy");
       fill(bestHost, h("h2", null, "Best known schedule"),
-        h("p", { class: "muted" }, `${fmt.seconds(b.latency_s)} · ${fmt.gflops(b.gflops)} GFLOPS · trial ${b.trial_id}` +
+        h("p", { class: "muted" }, `${fmt.seconds(b.latency_s)} · ${fmt.gflops(rateOf(b.latency_s))} ${rate().unit} · trial ${b.trial_id}` +
           (b.job_id && b.job_id !== j.id ? " (found by another job)" : "")),
         h("div", { class: "code-head" }, copy, copied), h("pre", { class: "code" }, code));
     } catch (err) {
@@ -184,6 +190,8 @@ export function render(view, { id, me }) {
   function setPoints(pts) {
     const names = Object.keys(pts.knobs || {});
     state.flops = pts.flops;
+    state.nbytes = pts.nbytes || 0;
+    state.memoryBound = !!pts.memory_bound;
     state.importance = pts.knob_importance || {};
     const known = new Set(pts.trial_id);
     const streamed = state.points.filter((p) => !known.has(p.trial_id));  // newer than the read
