@@ -80,9 +80,9 @@ def _check_explained(ui: Ui, pts: dict[str, Any]) -> None:
     assert [a["name"] for a in option["parallelAxis"]] == [*names, "latency (µs)"]
     lines = option["series"][0]["data"]
     assert len(lines) == len(ok) == int(page.get_attribute("#knob-parallel", "data-lines") or -1)
-    assert sorted(tuple(map(str, ln)) for ln in lines) == sorted(
-        tuple([*(_label(pts["knobs"][n][i]) for n in names),
-               str(_sig4(pts["latency_s"][i] * 1e6))]) for i in ok)
+    assert sorted((*map(str, ln[:-1]), float(ln[-1])) for ln in lines) == sorted(
+        (*(_label(pts["knobs"][n][i]) for n in names), _sig4(pts["latency_s"][i] * 1e6))
+        for i in ok)
 
     top = max(names, key=lambda n: pts["knob_importance"][n] or -1)
     assert page.get_attribute("#knob-slice", "data-knob") == top
