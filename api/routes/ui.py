@@ -1,9 +1,10 @@
 """/ui: the dashboard, served by the API itself (no other server, no CDN: a farm is often
 air-gapped). Static files shipped in the package (`api/ui/`): one HTML page and ES modules that
 read the same REST endpoints as every other client, with the bearer token the person signs in
-with (kept in the tab's sessionStorage; a new tab borrows it from an open one). The tuning curve is drawn on a canvas by `chart.js`;
-the knob views and the comparison of jobs by Apache ECharts, vendored in `static/vendor/` (its
-version in `explain.js`'s header), so nothing is fetched from elsewhere.
+with (kept in the tab's sessionStorage; a new tab borrows it from an open one). The tuning
+curve is drawn on a canvas by `chart.js`; the knob views and the comparison of jobs by Apache
+ECharts, vendored in `static/vendor/` (its version in `explain.js`'s header), so nothing is
+fetched from elsewhere.
 
 The page is locked down by its headers: scripts, styles and connections from this origin only
 (no inline script, no eval), never framed, no referrer sent."""

@@ -147,9 +147,10 @@ export function explainSection({ onDownload }) {
     sliceHost.dataset.knob = knob;
     sliceHost.dataset.points = String(data.length);
     chart(sliceHost).setOption({
-      animation: false, grid, tooltip: { trigger: "item", formatter: (p) => `${knob} ${p.value[0]}: ${p.value[1]} µs` },
-      xAxis: { type: "category", name: knob, data: knob ? ordered(valid.map((p) => p.knobs[knob])) : [] },
-      yAxis: { type: "log", name: "latency (µs)" },
+      animation: false, tooltip: { trigger: "item", formatter: (p) => `${knob} ${p.value[0]}: ${p.value[1]} µs` },
+      grid: { ...grid, bottom: 28 },
+      xAxis: { type: "category", name: knob, nameLocation: "middle", nameGap: 24, data: knob ? ordered(valid.map((p) => p.knobs[knob])) : [] },
+      yAxis: { type: "log", name: "latency (µs)", nameTextStyle: { align: "left" } },
       series: [{ type: "scatter", symbolSize: 7, itemStyle: { opacity: 0.6, color: "#2563eb" }, data }],
     }, true);
   }
@@ -168,8 +169,10 @@ export function explainSection({ onDownload }) {
     const lo = all.length ? Math.min(...all) : 1;
     const hi = all.length ? Math.max(...all) : 10;
     chart(predHost).setOption({
-      animation: false, grid, tooltip: { trigger: "item", formatter: (p) => (p.seriesIndex ? "" : `predicted ${p.value[0]} µs, measured ${p.value[1]} µs`) },
-      xAxis: { type: "log", name: "predicted (µs)" }, yAxis: { type: "log", name: "measured (µs)" },
+      animation: false, tooltip: { trigger: "item", formatter: (p) => (p.seriesIndex ? "" : `predicted ${p.value[0]} µs, measured ${p.value[1]} µs`) },
+      grid: { ...grid, bottom: 28 },
+      xAxis: { type: "log", name: "predicted (µs)", nameLocation: "middle", nameGap: 24 },
+      yAxis: { type: "log", name: "measured (µs)", nameTextStyle: { align: "left" } },
       series: [{ type: "scatter", name: "measured", symbolSize: 7, itemStyle: { opacity: 0.6, color: "#2563eb" }, data: pairs },
         { type: "line", name: "agreement", symbol: "none", silent: true, lineStyle: { type: "dashed", color: "#9ca3af" },
           data: [[lo, lo], [hi, hi]] }],

@@ -59,7 +59,7 @@ export function render(view, { id }) {
       legend: { type: "scroll", top: 0, textStyle: { fontSize: 11 } },
       grid: { left: 8, right: 44, top: 48, bottom: 8, containLabel: true },
       xAxis: { type: "value", name: "trial", minInterval: 1 },
-      yAxis: { type: "log", name: "best latency (µs)" },
+      yAxis: { type: "log", name: "best latency (µs)", nameTextStyle: { align: "left" } },
       series,
     }, true);
     fill(tableHost, h("table", { class: "grid" },
