@@ -102,17 +102,21 @@ def resolve(name: str, workload: Workload, target: Any) -> str:
 _GENERATES: dict[tuple[str, str, str], bool] = {}
 
 
+def _design_spaces(name: str, workload: Workload, target: Any) -> list[Any]:
+    """Template `name`'s design spaces of `workload` on `target`, as MetaSchedule makes them."""
+    from tuner.core import tvm_api as tv
+
+    ctx = tv.tune_context(workload.mod(), target, space=TEMPLATES[name].space(workload, target),
+                          strategy=search_strategy(name), seed=0, num_threads=1)
+    return list(tv.design_spaces(ctx))
+
+
 def generates(name: str, workload: Workload, target: Any) -> bool:
     """Whether template `name` generates a design space for `workload` on `target` (cached)."""
     key = (name, workload.key, str(target))
     if key not in _GENERATES:
-        from tuner.core import tvm_api as tv
-
         try:
-            ctx = tv.tune_context(workload.mod(), target,
-                                  space=TEMPLATES[name].space(workload, target),
-                                  strategy=search_strategy(name), seed=0, num_threads=1)
-            _GENERATES[key] = bool(tv.design_spaces(ctx))
+            _GENERATES[key] = bool(_design_spaces(name, workload, target))
         except (SpecError, RuntimeError, ValueError):
             _GENERATES[key] = False
         if len(_GENERATES) > 4096:
@@ -147,10 +151,7 @@ def knob_namer(name: str, workload: Workload, target: Any) -> KnobNamer:
 
             try:
                 with naming.recording() as notes:
-                    ctx = tv.tune_context(workload.mod(), target,
-                                          space=TEMPLATES[name].space(workload, target),
-                                          strategy=search_strategy(name), seed=0, num_threads=1)
-                    designs = tv.design_spaces(ctx)
+                    designs = _design_spaces(name, workload, target)
                 spaces = [(naming.signature(naming.samples(tv.trace_to_json(d.trace))), names)
                           for d, names in zip(designs, notes, strict=True)]
             except (SpecError, RuntimeError, ValueError):
