@@ -50,7 +50,8 @@ TINY: list[dict[str, Any]] = [
 ]
 
 # bf16 GEMMs (fp32 sums) beside the same GEMMs in fp32: issue 56's "bf16 >= 1.6x fp32 on
-# AVX512-BF16" and its comparison with PyTorch's bf16 GEMM (oneDNN)
+# AVX512-BF16" (on AMX: ">= 50% of the AMX probe") and its comparison with PyTorch's bf16 GEMM
+# (oneDNN)
 LOWP: list[dict[str, Any]] = [
     {"id": f"L{i}", "title": f"dense {dt} {title}", "peak": "bf16" if dt == "bf16" else "fp32",
      "spec": {"op": "dense", "shape": shape, "dtype": "bfloat16" if dt == "bf16" else "float32"}}
@@ -58,7 +59,13 @@ LOWP: list[dict[str, Any]] = [
         ("bf16", "1024³", [1024, 1024, 1024]), ("fp32", "1024³", [1024, 1024, 1024]),
         ("bf16", "2048³", [2048, 2048, 2048]), ("fp32", "2048³", [2048, 2048, 2048]),
         ("bf16", "128×768·(3072×768)ᵀ", [128, 3072, 768]),
-        ("fp32", "128×768·(3072×768)ᵀ", [128, 3072, 768])], start=1)]
+        ("fp32", "128×768·(3072×768)ᵀ", [128, 3072, 768])], start=1)] + [
+    # int8 beside them: AMX's tdpbusd against VNNI (issue 56's "int8 GEMM on AMX at >= 50% of
+    # the int8 probe") and PyTorch's torch._int_mm
+    {"id": f"L{i}", "title": f"dense int8 {title}", "peak": "int8",
+     "spec": {"op": "dense_int8", "shape": shape}}
+    for i, (title, shape) in enumerate([("1024³", [1024, 1024, 1024]),
+                                        ("128×768·(3072×768)ᵀ", [128, 3072, 768])], start=7)]
 
 
 def _fused() -> list[dict[str, Any]]:

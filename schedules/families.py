@@ -9,6 +9,7 @@ workload is the first template here that applies to it. A template module import
 from __future__ import annotations
 
 from schedules.activation import ActivationX86
+from schedules.amx import DenseBF16AMX, DenseInt8AMX
 from schedules.arm import DenseInt8SdotAarch64, DenseNeonAarch64
 from schedules.base import Template
 from schedules.bf16 import DenseBF16AVX512
@@ -24,8 +25,10 @@ FAMILIES: tuple[type[Template], ...] = (
     Conv2dNCHWcX86,
     Conv2dNHWCX86,
     DepthwiseNCHWX86,
+    DenseInt8AMX,
     DenseInt8VNNI,
     DenseInt8AVX2,
+    DenseBF16AMX,
     DenseBF16AVX512,
     SoftmaxX86,
     NormX86,

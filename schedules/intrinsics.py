@@ -17,6 +17,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
+from schedules.amx_intrinsics import AMX_PATTERNS
 from schedules.dot_intrinsics import DOT_FACTORIES, dot_u8i8_desc
 from schedules.polynomial import let as _let
 from schedules.polynomial import pin_source
@@ -34,7 +35,7 @@ pin_source(__file__)
 _FACTORIES: dict[str, Callable[[], tuple[Any, Any]]] = dict(DOT_FACTORIES)  # x86 dot products
 # families of names with parameters (whole-row intrinsics: schedules/row_intrinsics.py): a regex
 # over the name -> (match -> (description, implementation), or None for parameters out of range)
-_PATTERNS = ROW_PATTERNS
+_PATTERNS = [*ROW_PATTERNS, *AMX_PATTERNS]
 # TVM's own intrinsics (a pattern of their names) -> the tvm.s_tir.tensor_intrin module that
 # registers them (x86: the two dots MetaSchedule's default CPU rules tensorize with)
 _TVM_MODULES = {re.compile(r"wmma_\w+"): "cuda", re.compile(r"dot_16x4_(vnni|avx512)"): "x86"}
@@ -79,7 +80,7 @@ def register_all() -> list[str]:
     metaschedule` whose traces tensorize with them (`softmax-x86`, `activation-x86`, the
     GELU/SiLU pass of `gemm-x86`, `dense-int8-vnni`, `dense-int8-avx2`, `dense-bf16-avx512`, the
     aarch64 templates).
-    The whole-row intrinsics have a row length in their names: `register_for_trace` registers
+    The whole-row and AMX intrinsics have sizes in their names: `register_for_trace` registers
     those a trace names."""
     return [use(name) for name in sorted(_FACTORIES)]
 

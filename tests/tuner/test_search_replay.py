@@ -33,7 +33,8 @@ N1 = {"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mcpu": "neoverse-n1",
 N1_I8MM = {**N1, "mattr": ["+neon", "+dotprod", "+i8mm"]}
 SM80 = {"kind": "cuda", "arch": "sm_80", "host": {"kind": "llvm"}}
 AVX2 = {"kind": "llvm", "mcpu": "haswell", "num-cores": 2}  # no VNNI: dense-int8-avx2
-TARGETS = [X86, N1, N1_I8MM, SM80, AVX2]  # tried in this order: the first a space applies to
+SPR = {"kind": "llvm", "mcpu": "sapphirerapids", "num-cores": 2}  # AMX: dense-*-amx
+TARGETS = [X86, N1, N1_I8MM, SM80, AVX2, SPR]  # tried in this order: the first a space applies to
 
 # small workloads; each space is tried on the first that it applies to (on the first target)
 SPECS: list[dict[str, Any]] = [
@@ -51,6 +52,8 @@ SPECS: list[dict[str, Any]] = [
     {"op": "tir", "tvmscript": relax_tasks.activation((2, 3072), "gelu").script()},
     # relax's layer norm (norm-x86: 15 points, the test measures 12)
     {"op": "tir", "tvmscript": relax_tasks.norm((16, 64), "layer_norm").script()},
+    {"op": "dense", "shape": [64, 64, 64], "dtype": "bfloat16"},  # dense-bf16-amx
+    {"op": "dense_int8", "shape": [64, 64, 128]},  # dense-int8-amx
 ]
 SPACES = [n for n in registry.space_names() if n != "default"]  # every template, and "auto"
 OPTS = MeasureOptions(num_threads=1)

@@ -166,7 +166,45 @@ def _host_cpu() -> tuple[str, tuple[str, ...]]:
         rest = [o for o in off if o != entry]
         if enabled(rest) <= still_on:
             off = rest
-    return cpu, tuple(off)
+    return cpu, tuple(off) + _features_beyond_model(cpu, off, host)
+
+
+def _features_beyond_model(cpu: str, off: list[str], host: dict[str, bool]) -> tuple[str, ...]:
+    """The vector and tile ISA features CPUID reports that LLVM's model of `cpu` lacks, as
+    `+feature`s: a virtual machine can report an older CPU model (a Sapphire Rapids seen as
+    "rocketlake") with AVX512-BF16 and AMX present. AMX only where the kernel grants this
+    process the tile state: without it the first tile instruction faults."""
+    g = tvm_ffi.get_global_func
+    has = g("target.llvm_cpu_has_feature")
+
+    def missing(mattr: list[str]) -> set[str]:
+        t = tvm.target.Target({"kind": "llvm", "mcpu": cpu, "mattr": mattr})
+        return {f for f in wanted if not bool(has(f, t))}
+
+    wanted = {f for f, on in host.items() if on and f.startswith(("avx", "amx"))}
+    if not amx_granted():
+        wanted = {f for f in wanted if not f.startswith("amx")}
+    add = sorted(missing(list(off)))
+    for entry in list(add):  # drop what another entry implies (amx-bf16 implies amx-tile)
+        rest = [a for a in add if a != entry]
+        if not missing([*off, *("+" + a for a in rest)]):
+            add = rest
+    return tuple("+" + a for a in add)
+
+
+@functools.cache
+def amx_granted() -> bool:
+    """Whether Linux grants this process AMX's tile state (arch_prctl ARCH_REQ_XCOMP_PERM,
+    XFEATURE_XTILEDATA): the request a process makes before its first tile instruction. Asking
+    changes nothing but the permission; False off x86-64 Linux or where the kernel refuses."""
+    import ctypes
+    import platform
+    import sys
+
+    if sys.platform != "linux" or platform.machine() != "x86_64":
+        return False
+    libc = ctypes.CDLL(None, use_errno=True)
+    return int(libc.syscall(158, 0x1023, 18)) == 0  # SYS_arch_prctl
 
 
 def _plain(o: Any) -> Any:
