@@ -12,11 +12,12 @@ largest block is 2 x 2: four C tiles, two A tiles and two B tiles per step of K.
 
 The accumulators must stay in tile registers across K, which no TVM expression can say (a tile
 is not a vector). So the intrinsic is a call of an LLVM function (`kernel_ir`, imported into the
-kernel's module by the template's `pragma_import_llvm` annotation) that loads the C tiles, runs
-the whole chunk's loop over K with x86_amx values, and stores them; LLVM's tile passes insert the
-tile configuration (`ldtilecfg`) on entry. The function asks the kernel for the tile state
-itself, once per process (`arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)`: without it the
-first tile instruction faults), so a built library needs nothing from its host process.
+kernel's module by a `pragma_import_llvm` attribute around the call itself: every call brings
+what it calls, in an op's kernel and in a relax model's library alike) that loads the C tiles,
+runs the whole chunk's loop over K with x86_amx values, and stores them; LLVM's tile passes
+insert the tile configuration (`ldtilecfg`) on entry. The function asks the kernel for the tile
+state itself, once per process (`arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)`: without
+it the first tile instruction faults), so a built library needs nothing from its host process.
 
 Buffers are passed as data pointer, element offset and row stride: `tvm_access_ptr` of a bf16
 buffer does not survive TVM's bf16 legalization (stored as uint16, its type annotation widened to
@@ -43,8 +44,8 @@ MICRO = ((2, 2), (2, 1), (1, 2), (1, 1))  # MR x NR tiles of C, largest first
 MAX_CHUNK = 4096  # K elements per call, at most
 
 
-def intrin_name(kind: str, mr: int, nr: int, chunk: int) -> str:
-    return f"amx_{kind}_{mr}x{nr}_k{chunk}"
+def intrin_name(kind: str, mr: int, nr: int, chunk: int, packed_a: bool = False) -> str:
+    return f"amx_{kind}_{mr}x{nr}_k{chunk}" + ("_pa" if packed_a else "")
 
 
 def kernel_name(kind: str, mr: int, nr: int) -> str:
@@ -53,22 +54,30 @@ def kernel_name(kind: str, mr: int, nr: int) -> str:
 
 def kernel_ir(kind: str, mr: int, nr: int) -> str:
     """LLVM IR of `kernel_name(kind, mr, nr)`(c, c_offset, c_stride, a, ..., b, ..., steps):
-    C[16mr, 16nr] += A . Bp over `steps` tile steps of K, in tile registers. `linkonce_odr`:
-    every kernel of a model imports it, and the linker keeps one copy."""
+    C[16mr, 16nr] += A . Bp over `steps` tile steps of K, in tile registers. TVM imports it
+    always-inline and available-externally: each call is inlined, so a call must match its
+    signature exactly (i32 offsets and strides, whatever the PrimFunc's index type; an i32
+    result, as `call_extern("int32")` declares it), else LLVM keeps the call and drops the
+    body ("undefined symbol" when the library loads)."""
     a_bytes = 2 if kind == "bf16" else 1
     c_ty = "float" if kind == "bf16" else "i32"
     op = KINDS[kind][4]
     tiles = [(i, j) for i in range(mr) for j in range(nr)]
     lines = [
-        "@tunefarm_amx_granted = linkonce_odr global i8 0",
-        f"define linkonce_odr void @{kernel_name(kind, mr, nr)}(ptr %c0, i64 %oc, i64 %sc, "
-        "ptr %a0, i64 %oa, i64 %sa, ptr %b0, i64 %ob, i64 %sb, i64 %steps) noinline {",
+        "@tunefarm_amx_granted = weak global i8 0",
+        f"define i32 @{kernel_name(kind, mr, nr)}(ptr %c0, i32 %oc32, i32 %sc32, "
+        "ptr %a0, i32 %oa32, i32 %sa32, i32 %sa_step32, i32 %sa_tile32, ptr %b0, i32 %ob32, "
+        "i32 %sb32, i32 %steps32) {",
         "entry:",
+        *(f"  %{v} = sext i32 %{v}32 to i64" for v in
+          ("oc", "sc", "oa", "sa", "sa_step", "sa_tile", "ob", "sb", "steps")),
         f"  %c = getelementptr {c_ty}, ptr %c0, i64 %oc",
         f"  %a = getelementptr i{8 * a_bytes}, ptr %a0, i64 %oa",
         f"  %b = getelementptr i{8 * a_bytes}, ptr %b0, i64 %ob",
         "  %ldc = mul i64 %sc, 4",
         f"  %lda = mul i64 %sa, {a_bytes}",
+        f"  %astep = mul i64 %sa_step, {a_bytes}",
+        f"  %atile = mul i64 %sa_tile, {a_bytes}",
         f"  %ldb = mul i64 %sb, {a_bytes}",  # bytes from one 16-column block of Bp to the next
         "  %granted = load atomic i8, ptr @tunefarm_amx_granted monotonic, align 1",
         "  %ok = icmp ne i8 %granted, 0",
@@ -81,7 +90,7 @@ def kernel_ir(kind: str, mr: int, nr: int) -> str:
         "go:",
     ]
     for i in range(mr):
-        lines += [f"  %ra{i} = mul i64 %lda, {16 * i}",
+        lines += [f"  %ra{i} = mul i64 %atile, {i}",
                   f"  %pa{i} = getelementptr i8, ptr %a, i64 %ra{i}"]
     for j in range(nr):
         lines += [f"  %rb{j} = mul i64 %ldb, {j}",
@@ -94,7 +103,7 @@ def kernel_ir(kind: str, mr: int, nr: int) -> str:
                   f"ptr %pc{i}{j}, i64 %ldc)"]
     lines += ["  br label %loop", "loop:", "  %kk = phi i64 [0, %go], [%kn, %loop]"]
     lines += [f"  %acc{i}{j} = phi x86_amx [%c{i}{j}, %go], [%n{i}{j}, %loop]" for i, j in tiles]
-    lines += ["  %ka = mul i64 %kk, 64", "  %kb = mul i64 %kk, 1024"]
+    lines += ["  %ka = mul i64 %kk, %astep", "  %kb = mul i64 %kk, 1024"]
     for i in range(mr):
         lines += [f"  %qa{i} = getelementptr i8, ptr %pa{i}, i64 %ka",
                   f"  %ta{i} = call x86_amx @llvm.x86.tileloadd64.internal(i16 16, i16 64, "
@@ -109,7 +118,7 @@ def kernel_ir(kind: str, mr: int, nr: int) -> str:
               "  br i1 %done, label %exit, label %loop", "exit:"]
     lines += [f"  call void @llvm.x86.tilestored64.internal(i16 16, i16 64, ptr %pc{i}{j}, "
               f"i64 %ldc, x86_amx %n{i}{j})" for i, j in tiles]
-    lines += ["  ret void", "}",
+    lines += ["  ret i32 0", "}",
               "declare x86_amx @llvm.x86.tileloadd64.internal(i16, i16, ptr, i64)",
               f"declare x86_amx @llvm.x86.{op}.internal(i16, i16, i16, x86_amx, x86_amx, "
               "x86_amx)",
@@ -117,42 +126,58 @@ def kernel_ir(kind: str, mr: int, nr: int) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _intrin(kind: str, mr: int, nr: int, chunk: int) -> tuple[Any, Any]:
+def _intrin(kind: str, mr: int, nr: int, chunk: int, packed_a: bool) -> tuple[Any, Any]:
     a_dt, b_dt, c_dt, step, _ = KINDS[kind]
     g = 2 if kind == "bf16" else 4  # K elements per 32-bit lane of a B tile row
     rows, cols, fn = 16 * mr, 16 * nr, kernel_name(kind, mr, nr)
+    ir = kernel_ir(kind, mr, nr)
+    # A as the workload holds it [rows, chunk], or packed by the template to tiles
+    # [rows/16, K/step, 16, step] (each tile step 1,024 contiguous bytes)
+    a_shape = (mr, chunk // step, 16, step) if packed_a else (rows, chunk)
+
+    def a_at(vi: Any, vk: Any) -> tuple[Any, ...]:
+        return (vi // 16, vk // step, vi % 16, vk % step) if packed_a else (vi, vk)
+
+    a_region = (slice(0, mr), slice(0, chunk // step), slice(0, 16), slice(0, step)) \
+        if packed_a else (slice(0, rows), slice(0, chunk))
 
     @T.prim_func(s_tir=True)
     def desc(a_h: T.handle, b_h: T.handle, c_h: T.handle) -> None:
-        A = T.match_buffer(a_h, (rows, chunk), a_dt, offset_factor=1)
+        A = T.match_buffer(a_h, a_shape, a_dt, offset_factor=1)
         B = T.match_buffer(b_h, (nr, chunk // g, 16, g), b_dt, offset_factor=1)
         C = T.match_buffer(c_h, (rows, cols), c_dt, offset_factor=1)
         with T.sblock("root"):
-            T.reads(C[0:rows, 0:cols], A[0:rows, 0:chunk], B[0:nr, 0:chunk // g, 0:16, 0:g])
+            T.reads(C[0:rows, 0:cols], A[a_region], B[0:nr, 0:chunk // g, 0:16, 0:g])
             T.writes(C[0:rows, 0:cols])
             for i, j, k in T.grid(rows, cols, chunk):
                 with T.sblock("update"):
                     vi, vj, vk = T.axis.remap("SSR", [i, j, k])
-                    C[vi, vj] = C[vi, vj] + T.Cast(c_dt, A[vi, vk]) * T.Cast(
+                    C[vi, vj] = C[vi, vj] + T.Cast(c_dt, A[a_at(vi, vk)]) * T.Cast(
                         c_dt, B[vj // 16, vk // g, vj % 16, vk % g])
+
+    sa = T.int32()
+    a_strides = [sa, 16 * step, step, 1] if packed_a else [sa, 1]
+    # A's strides in elements for the kernel: rows of a tile, tile steps along K, tiles
+    a_args = ((T.int32(step), T.int32(16 * step), T.Cast("int32", sa)) if packed_a else
+              (T.Cast("int32", sa), T.int32(step), T.Cast("int32", sa * 16)))
 
     @T.prim_func(s_tir=True)
     def impl(a_h: T.handle, b_h: T.handle, c_h: T.handle) -> None:
-        sa = T.int32()
         sb = T.int32()
         sc = T.int32()
-        A = T.match_buffer(a_h, (rows, chunk), a_dt, offset_factor=1, strides=[sa, 1])
+        A = T.match_buffer(a_h, a_shape, a_dt, offset_factor=1, strides=a_strides)
         B = T.match_buffer(b_h, (nr, chunk // g, 16, g), b_dt, offset_factor=1,
                            strides=[sb, 16 * g, g, 1])
         C = T.match_buffer(c_h, (rows, cols), c_dt, offset_factor=1, strides=[sc, 1])
         with T.sblock("root"):
-            T.reads(C[0:rows, 0:cols], A[0:rows, 0:chunk], B[0:nr, 0:chunk // g, 0:16, 0:g])
+            T.reads(C[0:rows, 0:cols], A[a_region], B[0:nr, 0:chunk // g, 0:16, 0:g])
             T.writes(C[0:rows, 0:cols])
-            T.evaluate(T.call_extern(
-                "int32", fn, C.data, T.Cast("int64", C.elem_offset), T.Cast("int64", sc),
-                A.data, T.Cast("int64", A.elem_offset), T.Cast("int64", sa),
-                B.data, T.Cast("int64", B.elem_offset), T.Cast("int64", sb),
-                T.int64(chunk // step)))
+            with T.attr(0, "pragma_import_llvm", ir):  # the kernel's LLVM function, here
+                T.evaluate(T.call_extern(
+                    "int32", fn, C.data, T.Cast("int32", C.elem_offset), T.Cast("int32", sc),
+                    A.data, T.Cast("int32", A.elem_offset), *a_args,
+                    B.data, T.Cast("int32", B.elem_offset), T.Cast("int32", sb),
+                    T.int32(chunk // step)))
 
     return desc, impl
 
@@ -161,10 +186,10 @@ def _from_name(m: re.Match[str]) -> tuple[Any, Any] | None:
     kind, mr, nr, chunk = m.group(1), int(m.group(2)), int(m.group(3)), int(m.group(4))
     if (mr, nr) not in MICRO or chunk % KINDS[kind][3] or not 0 < chunk <= MAX_CHUNK:
         return None
-    return _intrin(kind, mr, nr, chunk)
+    return _intrin(kind, mr, nr, chunk, packed_a=m.group(5) is not None)
 
 
 # the name family `schedules/intrinsics.py` registers: regex -> (match -> (desc, impl) or None)
 AMX_PATTERNS: list[tuple[re.Pattern[str], Callable[[re.Match[str]], tuple[Any, Any] | None]]] = [
-    (re.compile(r"amx_(bf16|int8)_(\d)x(\d)_k(\d+)"), _from_name),
+    (re.compile(r"amx_(bf16|int8)_(\d)x(\d)_k(\d+)(_pa)?"), _from_name),
 ]

@@ -1,6 +1,9 @@
 """GEMM templates for 64-bit ARM (AArch64) CPUs, cross-compiled: NEON fp32 and int8 dot products.
 
 `dense-neon-aarch64` (fp32 `dense` X·Wᵀ and `matmul` A·B): a register-blocked NEON micro-kernel.
+Both templates match by structure (`schedules/match.py`, as the x86 ones): the op specs, and any
+PrimFunc whose first block is the GEMM (a relax task, int64 indices, weight [N, K] or [K, N]),
+its elementwise blocks after it (bias, activation, requantization) folded into the write-back.
 
 - the weight (W[N, K] of `dense`, B[K, N] of `matmul`: layout-free buffers, i.e. model
   constants) is packed into [N/4, K, 4] panels by a `meta_schedule.layout_rewrite_preproc` block,
@@ -50,9 +53,10 @@ from __future__ import annotations
 from abc import abstractmethod
 from typing import Any
 
-from schedules.base import Template, finish_register_tile, pack_weight
+from schedules.base import StructuralTemplate, finish_register_tile, fold_epilogue, pack_weight
 from schedules.intrinsics import USDOT_LOCAL_INTRIN, use
 from schedules.knobs import Categorical, PerfectTile, knob_table
+from schedules.match import INT8, GemmMatch, match_gemm
 from tuner.workloads import Workload
 
 LANES = 4  # fp32 / int32 lanes of a 128-bit NEON register
@@ -72,24 +76,50 @@ def has_feature(target: Any, feature: str) -> bool:
     return bool(tvm_ffi.get_global_func("target.llvm_cpu_has_feature")(feature, target))
 
 
-class _NeonGemm(Template):
+class _NeonGemm(StructuralTemplate):
     """The register-blocked micro-kernel both AArch64 templates share: the weight packed (by the
     template's `_pack`), then M into [parallel, middle, mr], N/4 into [parallel, middle, nv], the
     reduction into [outer, unrolled], the outer tiles fused and parallel."""
 
+    dtype: str = "float32"  # the GemmMatch.dtype it serves
+
     @abstractmethod
-    def _pack(self, sch: Any, blk: Any, workload: Workload) -> None:
+    def _pack(self, sch: Any, blk: Any, g: GemmMatch) -> None:
         """Read the weight of `blk` through its packed copy (`pack_weight`)."""
+
+    @abstractmethod
+    def _why_not_target(self, target: Any, g: GemmMatch) -> str | None:
+        """None if the AArch64 `target` has the instructions and `g` their divisibility."""
+
+    def why_not(self, workload: Workload, target: Any) -> str | None:
+        g = match_gemm(workload)
+        if not isinstance(g, GemmMatch):
+            return g.reason
+        if g.dtype != self.dtype:
+            return f"a {g.dtype} GEMM, not {self.dtype}"
+        if g.batch:
+            return "a batched GEMM (only [M, K] x [K, N] is served)"
+        if not is_aarch64(target):
+            return "not an AArch64 LLVM target"
+        return self._why_not_target(target, g)
 
     def _sample_unroll(self, sch: Any) -> None:
         sch.annotate(sch.get_sblock("root"), "meta_schedule.unroll_explicit",
                      self.sample(sch, "unroll"))
 
     def _micro_kernel(self, sch: Any, workload: Workload, *, dot: bool) -> Any:
-        """The loop nest; `dot`: K split by DOT_K first (the usdot lanes, returned innermost)."""
-        (blk,) = sch.get_child_blocks(sch.get_sblock("root"))
-        self._pack(sch, blk, workload)
+        """The loop nest; `dot`: K split by DOT_K first (the usdot lanes, returned innermost).
+        The GEMM is the workload's first block matched by structure (`match_gemm`: an op spec, or
+        a relax task with int64 indices); elementwise blocks after it (bias, activation,
+        requantization) fold into the accumulators' write-back."""
+        g = match_gemm(workload)
+        assert isinstance(g, GemmMatch), g
+        blk = sch.get_child_blocks(sch.get_sblock("root"))[g.block]
+        self._pack(sch, blk, g)
         self._sample_unroll(sch)
+        blocks = sch.get_child_blocks(sch.get_sblock("root"))  # the packing block came first
+        blk = blocks[g.block + 1]
+        epilogue = fold_epilogue(sch, blocks[g.block + 2:])
         i, j, k = sch.get_loops(blk)
         i0, i1, i2 = self.split(sch, "tile_m", i)
         jo, jl = sch.split(j, [None, LANES])
@@ -102,7 +132,7 @@ class _NeonGemm(Template):
             k0, k1 = self.split(sch, "tile_k", k)
             sch.reorder(i0, j0, i1, j1, k0, k1, i2, j2, jl)
         finish_register_tile(sch, blk, parallel=[i0, j0], acc_at=j1, unrolled=[k1, i2, j2],
-                             vector=None if dot else jl, k0=k0, lanes=LANES)
+                             vector=None if dot else jl, k0=k0, lanes=LANES, epilogue=epilogue)
         return jl
 
 
@@ -114,7 +144,7 @@ TILE_M = PerfectTile(3, max_innermost=8,
 class DenseNeonAarch64(_NeonGemm):
     name = "dense-neon-aarch64"
     target = "AArch64 (NEON)"
-    ops = ("dense", "matmul")
+    ops = ("dense", "matmul", "tir")
     description = ("AArch64 NEON fp32 micro-kernel: mr x nv*4 accumulators in q registers "
                    "(fmla .4s), weight packed in [N/4, K, 4] panels at compile time, "
                    "parallel outer tiles")
@@ -127,17 +157,16 @@ class DenseNeonAarch64(_NeonGemm):
         unroll=UNROLL,
     )
 
-    def applies(self, workload: Workload, target: Any) -> bool:
-        spec = workload.spec
-        return (workload.op in self.ops and spec.get("dtype") == "float32"
-                and is_aarch64(target) and has_feature(target, "neon")
-                and spec["shape"][1] % LANES == 0)
+    def _why_not_target(self, target: Any, g: GemmMatch) -> str | None:
+        if not has_feature(target, "neon"):
+            return "the target has no NEON"
+        return None if g.n % LANES == 0 else f"N={g.n} is not a multiple of {LANES}"
 
-    def _pack(self, sch: Any, blk: Any, workload: Workload) -> None:
-        if workload.op == "matmul":  # B[K, N]
-            pack_weight(sch, blk, 1, lambda k, j: (j // LANES, k, j % LANES))
+    def _pack(self, sch: Any, blk: Any, g: GemmMatch) -> None:
+        if g.weight_axes.endswith("kj"):  # B[K, N] (matmul)
+            pack_weight(sch, blk, g.weight, lambda k, j: (j // LANES, k, j % LANES))
         else:  # W[N, K]
-            pack_weight(sch, blk, 1, lambda j, k: (j // LANES, k, j % LANES))
+            pack_weight(sch, blk, g.weight, lambda j, k: (j // LANES, k, j % LANES))
 
     def schedule(self, sch: Any, workload: Workload, target: Any) -> None:
         self._micro_kernel(sch, workload, dot=False)
@@ -146,7 +175,8 @@ class DenseNeonAarch64(_NeonGemm):
 class DenseInt8SdotAarch64(_NeonGemm):
     name = "dense-int8-sdot-aarch64"
     target = "AArch64 with +i8mm"
-    ops = ("dense_int8",)
+    ops = ("dense_int8", "tir")
+    dtype = INT8
     description = ("AArch64 uint8 x int8 -> int32 dense tensorized with usdot (FEAT_I8MM, the "
                    "exact mixed-sign member of the SDOT family): mr x nv int32x4 accumulators, "
                    "weight packed in [N/4, K/4, 4, 4] tiles at compile time; needs +i8mm")
@@ -160,15 +190,20 @@ class DenseInt8SdotAarch64(_NeonGemm):
         unroll=UNROLL,
     )
 
-    def applies(self, workload: Workload, target: Any) -> bool:
-        if workload.op not in self.ops:
-            return False
-        _, n, k = workload.spec["shape"]
-        return (is_aarch64(target) and has_feature(target, "i8mm")
-                and n % LANES == 0 and k % DOT_K == 0)
+    def _why_not_target(self, target: Any, g: GemmMatch) -> str | None:
+        if not has_feature(target, "i8mm"):
+            return "the target has no i8mm (usdot)"
+        if g.n % LANES or g.k % DOT_K:
+            return f"N={g.n} is not a multiple of {LANES} or K={g.k} not of {DOT_K}"
+        return None
 
-    def _pack(self, sch: Any, blk: Any, workload: Workload) -> None:
-        pack_weight(sch, blk, 1, lambda j, k: (j // LANES, k // DOT_K, j % LANES, k % DOT_K))
+    def _pack(self, sch: Any, blk: Any, g: GemmMatch) -> None:
+        if g.weight_axes.endswith("kj"):  # W[K, N] (relax's matmul by a bound weight)
+            pack_weight(sch, blk, g.weight,
+                        lambda k, j: (j // LANES, k // DOT_K, j % LANES, k % DOT_K))
+        else:
+            pack_weight(sch, blk, g.weight,
+                        lambda j, k: (j // LANES, k // DOT_K, j % LANES, k % DOT_K))
 
     def schedule(self, sch: Any, workload: Workload, target: Any) -> None:
         # the 4x4 dot product (j4, k4) tensorized with usdot; without this step the same loop

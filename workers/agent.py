@@ -306,14 +306,17 @@ def register(client: Client, *, name: str, device_key: str, target: dict[str, An
              stop_event: threading.Event, mode: str = "local") -> WorkerConfig | None:
     """Register over the API, retrying while it is unreachable; None if stopped first."""
     from tuner.core import tvm_api as tv
+    from tuner.core.config import get_settings
 
+    caps: dict[str, Any] = {"mode": mode, "cpus": os.cpu_count() or 1}
+    if get_settings().emulated(device_key):  # its timings are emulation's (an emulated board)
+        caps["emulated"] = True
     delay = 0.5
     while not stop_event.is_set():
         try:
             reg = client.register_worker(
                 name=name, device_key=device_key, target=target, tvm_version=tv.tvm_version(),
-                hostname=socket.gethostname(),
-                capabilities={"mode": mode, "cpus": os.cpu_count() or 1})
+                hostname=socket.gethostname(), capabilities=caps)
         except ApiError as err:
             if not err.transient:
                 raise TunefarmError(f"the API refused to register this worker: {err}") from err
@@ -367,10 +370,12 @@ def run_worker(*, api_url: str, token: str | None, device_key: str,
         if measurer_factory is not None:
             measurer = measurer_factory(cfg.worker_id)
         elif rpc_tracker is not None:
+            from tuner.core.config import get_settings
             from tuner.measure.rpc import RpcMeasurer
 
             measurer = RpcMeasurer(*rpc_tracker, rpc_key or device_key, worker_id=cfg.worker_id,
-                                   build_workers=max(1, concurrency))
+                                   build_workers=max(1, concurrency),
+                                   deadline_factor=get_settings().deadline_factor(device_key))
         else:
             from tuner.measure.local import LocalMeasurer
 

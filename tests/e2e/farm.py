@@ -64,9 +64,9 @@ class Farm:
         return self.start(name, "tuner", **env)
 
     def start_worker(self, name: str, *args: str, device_key: str = "e2e",
-                     **env: str) -> subprocess.Popen[bytes]:
+                     target: dict[str, Any] | None = None, **env: str) -> subprocess.Popen[bytes]:
         return self.start(name, "worker", "--device-key", device_key, "--target",
-                          json.dumps(TARGET), "--name", name, *args,
+                          json.dumps(target or TARGET), "--name", name, *args,
                           TUNEFARM_TOKEN=self.worker_token, **env)
 
     def log(self, name: str) -> str:

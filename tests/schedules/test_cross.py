@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from schedules import arm, cuda  # noqa: F401 - importing registers the templates
+from schedules import arm, cuda, registry  # noqa: F401 - importing registers the templates
 from schedules.registry import TEMPLATES, spaces_for
 from tests.support import guarded
 from tuner.core import tvm_api as tv
@@ -369,19 +369,33 @@ def run_under_qemu(mod: Any, tgt: Any, arrays: list[np.ndarray], tmp: Any) -> li
     return out
 
 
+def _relax_task(kind: str) -> dict[str, Any]:
+    """A relax model's task as a `tir` spec (int64 indices, a bound weight, its epilogue)."""
+    from bench import fused
+
+    func = (fused.linear(12, 32, 20, "relu", residual=True) if kind == "linear"
+            else fused.int8_linear(12, 32, 36))
+    return {"op": "tir", "tvmscript": func.script()}
+
+
 @pytest.mark.parametrize(("name", "spec", "key"), [
     ("dense-int8-sdot-aarch64", {"op": "dense_int8", "shape": [12, 40, 36]}, "N1_I8MM"),
     ("dense-neon-aarch64", {"op": "dense", "shape": [16, 32, 24]}, "N1"),
     ("dense-neon-aarch64", {"op": "matmul", "shape": [12, 40, 20]}, "N1"),
+    # relax's fused tasks, matched by structure: bias + ReLU + residual, and a requantization
+    ("dense-neon-aarch64", "linear", "N1"),
+    ("dense-int8-sdot-aarch64", "int8_linear", "N1_I8MM"),
 ])
-def test_aarch64_kernels_are_right_under_qemu(name: str, spec: dict[str, Any], key: str,
+def test_aarch64_kernels_are_right_under_qemu(name: str, spec: dict[str, Any] | str, key: str,
                                               tmp_path: Any) -> None:
     """Optional (skipped without qemu-user and an AArch64 gcc): the real AArch64 kernels,
     usdot included, on full-range inputs, against numpy; `-cpu max` has NEON, dotprod, i8mm."""
     problem = _qemu_problem()
     if problem is not None:
         pytest.skip(f"AArch64 kernels not run: {problem}")
-    w, tmpl, tgt = parse_spec(spec), TEMPLATES[name], target(key)
+    w = parse_spec(_relax_task(spec) if isinstance(spec, str) else spec)
+    tmpl, tgt = TEMPLATES[name], target(key)
+    assert registry.resolve("default", w, tgt) == name
     schedules = covering_schedules(tmpl, w, tgt, seeds=(1,))
     inputs = w.make_inputs(seed=0)
     ref = w.reference(inputs)

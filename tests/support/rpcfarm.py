@@ -19,6 +19,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
@@ -27,6 +28,8 @@ log = logging.getLogger(__name__)
 
 START_TIMEOUT_S = 60.0
 LOOPBACK_KEY = "loopback"  # the device key of the tests' boards
+# starts a board otherwise: (tracker address, port, log directory) -> its process
+ServerStart = Callable[[tuple[str, int], int, Path], "subprocess.Popen[bytes]"]
 
 
 @dataclass
@@ -153,8 +156,13 @@ class LocalRpcFarm:
 
     def __init__(self, key: str, *, servers: int = 1, num_threads: int = 1,
                  host: str = "127.0.0.1", log_dir: Path | None = None,
-                 timeout_s: float = START_TIMEOUT_S) -> None:
+                 timeout_s: float = START_TIMEOUT_S, server: ServerStart | None = None) -> None:
+        """`server`: starts one board otherwise than as this machine's `rpc_server` (an
+        emulated board: workers/board.py), given the tracker's address, a port and the log
+        directory."""
         self.key = key
+        self._start_server = server
+        self.timeout_s = timeout_s
         self._own_log_dir = log_dir is None
         self.log_dir = Path(log_dir or tempfile.mkdtemp(prefix="tunefarm-rpcfarm-"))
         self.log_dir.mkdir(parents=True, exist_ok=True)
@@ -176,11 +184,17 @@ class LocalRpcFarm:
 
     def add_server(self, *, num_threads: int = 1, wait: bool = True) -> FarmProcess:
         assert self.tracker is not None
-        fp = start_server(self.tracker_address, self.key, host=self.tracker.host,
-                          num_threads=num_threads, log_dir=self.log_dir)
+        if self._start_server is None:
+            fp = start_server(self.tracker_address, self.key, host=self.tracker.host,
+                              num_threads=num_threads, log_dir=self.log_dir)
+        else:
+            port = free_port(self.tracker.host)
+            fp = FarmProcess(f"server:{self.key}", self.tracker.host, port,
+                             self._start_server(self.tracker_address, port, self.log_dir))
         self.servers.append(fp)
         if wait:
-            wait_for_servers(self.tracker_address, self.key, len(self.live_servers()))
+            wait_for_servers(self.tracker_address, self.key, len(self.live_servers()),
+                             timeout_s=self.timeout_s)
         return fp
 
     def live_servers(self) -> list[FarmProcess]:

@@ -27,12 +27,30 @@ def test_host_target_offers_only_what_this_cpu_has() -> None:
     for target in (tv.make_target("host"), native):
         assert [f for f in lacks if has(f, target)] == []
     assert "+sse2" in tv.target_to_dict(native)["mattr"]  # the caller's own mattr is kept
-    # a cover, not a list of all: no entry can go without enabling something this CPU lacks
+    # a cover, not a list of all: no "-" entry can go without enabling something this CPU
+    # lacks, no "+" entry without losing something it has
     host = tv.host_target_dict()
     cover = host.get("mattr", [])
     for n in range(len(cover)):
         fewer = tv.make_target({**host, "mattr": cover[:n] + cover[n + 1:]})
-        assert [f for f in lacks if has(f, fewer)] != [], cover[n]
+        if cover[n].startswith("-"):
+            assert [f for f in lacks if has(f, fewer)] != [], cover[n]
+        else:
+            assert not has(cover[n][1:], fewer), cover[n]
+
+
+def test_host_target_offers_the_vector_and_tile_features_beyond_the_cpus_model() -> None:
+    """A VM may report an older CPU model (a Sapphire Rapids as `rocketlake`) than its CPUID
+    features: the host target adds them (AVX512-BF16, AMX), AMX only where Linux grants this
+    process the tile state."""
+    g = tv.tvm_ffi.get_global_func
+    has = g("target.llvm_cpu_has_feature")
+    on = [str(f) for f, v in g("tvm.codegen.llvm.GetHostCPUFeatures")().items()
+          if v and str(f).startswith(("avx", "amx"))]
+    if not tv.amx_granted():
+        on = [f for f in on if not f.startswith("amx")]
+    host = tv.make_target("host")
+    assert [f for f in on if not has(f, host)] == []
 
 
 def test_host_target_passes_the_services_target_check() -> None:

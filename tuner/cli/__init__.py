@@ -7,7 +7,8 @@ app, the tuner service and the worker agent together, and the one that starts th
 - `service_jobs.py`: jobs, follow, cancel (the service's jobs, through the API);
 - `model.py`: tune-model, build, db export, db import;
 - `costmodel.py`: model status, model train (the farm's cost models);
-- `tokens.py`: token create/list/revoke, and the tokens `up` keeps and reuses.
+- `tokens.py`: token create/list/revoke, and the tokens `up` keeps and reuses;
+- `board.py`: board build/up/down/status (an emulated aarch64 board: workers/board.py).
 
 The command modules define plain functions; this module registers every command, in the order
 `tunefarm --help` lists them. Nothing imports `tuner.cli` but the entry points (`tunefarm`,
@@ -20,7 +21,7 @@ import sys
 
 import typer
 
-from tuner.cli import costmodel, model, service, service_jobs, tokens, tune
+from tuner.cli import board, costmodel, model, service, service_jobs, tokens, tune
 from tuner.core import lean
 
 # the commands that read model files, which may need torch (`tuner.model.load`)
@@ -34,7 +35,10 @@ model_app = typer.Typer(no_args_is_help=True,
                         help="The farm's cost models, one per target (status, train).")
 app.add_typer(db_app, name="db")
 app.add_typer(token_app, name="token")
+board_app = typer.Typer(no_args_is_help=True,
+                        help="An emulated aarch64 board on this machine (build, up, down, status).")
 app.add_typer(model_app, name="model")
+app.add_typer(board_app, name="board")
 
 app.command()(tune.tune)
 app.command()(tune.best)
@@ -48,6 +52,10 @@ db_app.command("import")(model.db_import)
 model_app.command("status")(costmodel.model_status)
 model_app.command("train")(costmodel.model_train)
 
+board_app.command("build")(board.board_build)
+board_app.command("up")(board.board_up)
+board_app.command("down")(board.board_down)
+board_app.command("status")(board.board_status)
 token_app.command("create")(tokens.token_create)
 token_app.command("list")(tokens.token_list)
 token_app.command("revoke")(tokens.token_revoke)

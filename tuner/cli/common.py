@@ -141,3 +141,13 @@ def fmt_s(s: float | None) -> str:
     if s is None:
         return "-"
     return f"{s * 1e3:.3f} ms" if s >= 1e-3 else f"{s * 1e6:.1f} us"
+
+
+def host_port(text: str) -> tuple[str, int]:
+    """`HOST:PORT` of an RPC tracker (--rpc-tracker)."""
+    from tuner.core.errors import SpecError
+
+    host, _, port = text.rpartition(":")
+    if not host or not port.isdigit():
+        raise SpecError(f"expected HOST:PORT, got {text!r}", field="rpc-tracker")
+    return host, int(port)

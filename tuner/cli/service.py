@@ -19,7 +19,16 @@ import typer
 from rich.text import Text
 
 from tuner.cli import common, service_jobs
-from tuner.cli.common import DbOpt, TargetOpt, console, err, fail, open_store, target_arg
+from tuner.cli.common import (
+    DbOpt,
+    TargetOpt,
+    console,
+    err,
+    fail,
+    host_port,
+    open_store,
+    target_arg,
+)
 from tuner.cli.service_jobs import ApiOpt, TokenOpt, client_token
 from tuner.cli.tokens import token_file, up_tokens
 from tuner.core.config import Settings, get_settings
@@ -124,7 +133,7 @@ def worker(
     s = get_settings()
     server = None
     try:
-        tracker = _host_port(rpc_tracker) if rpc_tracker else None
+        tracker = host_port(rpc_tracker) if rpc_tracker else None
         tgt = target_arg(target, runnable_here=tracker is None)
         tok = client_token(token)
         server = metrics.start(s, metrics_port, metrics_host)
@@ -135,15 +144,6 @@ def worker(
     finally:
         if server is not None:
             server.close()
-
-
-def _host_port(text: str) -> tuple[str, int]:
-    from tuner.core.errors import SpecError
-
-    host, _, port = text.rpartition(":")
-    if not host or not port.isdigit():
-        raise SpecError(f"expected HOST:PORT, got {text!r}", field="rpc-tracker")
-    return host, int(port)
 
 
 def _job_body(op: str, shape: str | None, param: list[str] | None, tvmscript: Path | None,

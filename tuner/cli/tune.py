@@ -29,6 +29,7 @@ from tuner.cli.common import (
     err,
     fail,
     fmt_s,
+    host_port,
     open_store,
     rate,
     target_arg,
@@ -49,6 +50,9 @@ def tune(
              "'default' (the best that applies).")] = "default",
     batch_size: BatchSizeOpt = None, early_stop: EarlyStopOpt = None, seed: SeedOpt = None,
     wall_budget_s: WallBudgetOpt = None,
+    rpc_tracker: Annotated[str | None, typer.Option(
+        help="HOST:PORT of a TVM RPC tracker: build here, time on its boards of --device-key "
+             "(an emulated Arm board: tunefarm board up).")] = None,
     fresh: Annotated[bool, typer.Option(
         help="Start a new job instead of resuming the last one.")] = False,
     cache_flush: Annotated[bool | None, typer.Option(
@@ -60,14 +64,16 @@ def tune(
 ) -> None:
     """Tune a workload on this machine; resumes the same job if it was interrupted."""
     from tuner.core import tvm_api as tv
-    from tuner.measure import MeasureOptions
+    from tuner.measure import MeasureOptions, Measurer
     from tuner.measure.local import LocalMeasurer
+    from tuner.measure.rpc import RpcMeasurer
     from tuner.search import Tuner, TuneRequest
 
     s = get_settings()
     try:
         wl = workload_arg(op, shape, param, tvmscript)
-        tgt = target_arg(target, runnable_here=True)
+        tracker = host_port(rpc_tracker) if rpc_tracker else None
+        tgt = target_arg(target, runnable_here=tracker is None)
         opts = MeasureOptions.from_settings(s, tgt, cache_flush=cache_flush)
         req = TuneRequest(workload=wl, target=tgt, trials=trials, device_key=device_key,
                           space=space, batch_size=s.job_batch_size(batch_size),
@@ -83,7 +89,12 @@ def tune(
                TextColumn("best {task.fields[best]}  {task.fields[rate]} " + unit + "  "
                           "{task.fields[last]}"),
                TimeElapsedColumn()]
-    with Progress(*columns, console=out, transient=False) as bar, LocalMeasurer() as measurer:
+    if s.emulated(device_key):
+        out.print(f"{device_key} is an emulated board: its timings say nothing about a real "
+                  "board (its verification does)", style="yellow")
+    measurer: Measurer = LocalMeasurer() if tracker is None else RpcMeasurer(
+        *tracker, device_key, deadline_factor=s.deadline_factor(device_key))
+    with Progress(*columns, console=out, transient=False) as bar, measurer:
         task = bar.add_task("tune", total=trials, best="-", rate="-", last="")
 
         def on_progress(p: Any) -> None:
@@ -150,6 +161,9 @@ def best(
     unit, rate_of = rate(wl.flops, tv.param_bytes(wl.mod()), rec["device_key"])
     console.print(f"best: {fmt_s(rec['latency_s'])}  {rate_of(rec['latency_s'])} {unit}  "
                   f"(cv {cv}, trial {rec['trial_id']}, space {rec['space']})", highlight=False)
+    if rec.get("emulated"):
+        console.print(f"measured on an emulated board ({rec['device_key']}): verified there, "
+                      "but its latency says nothing about a real board", style="yellow")
     console.print(rec["schedule_python"], markup=False, highlight=False, soft_wrap=True)
 
 

@@ -88,6 +88,17 @@ class Settings(BaseSettings):
     # also from bench/peak.c, e.g. TUNEFARM_PEAK_GBPS='{"local": 32}'
     peak_gbps: dict[str, float] = {}
 
+    # emulated boards (`tunefarm board qemu-aarch64 up`: an aarch64 board under qemu-user): device
+    # key -> the factor its RPC deadlines (upload, run, session) are multiplied by. Their
+    # latencies are emulation's: shown as such, and never trained on by the farm's cost model
+    emulated_keys: dict[str, float] = {"qemu-aarch64": 20.0}
+
+    def emulated(self, device_key: str) -> bool:
+        return device_key in self.emulated_keys
+
+    def deadline_factor(self, device_key: str) -> float:
+        return max(1.0, float(self.emulated_keys.get(device_key, 1.0)))
+
     def balance(self, device_key: str) -> float | None:
         """Peak GFLOPS over peak GB/s of a device key where both are declared (flop per byte:
         a kernel below it is memory-bound), else None."""

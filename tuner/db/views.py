@@ -89,6 +89,9 @@ class JobPublic(BaseModel):
     memory_bound: bool = Field(default=False, description=(
         "Its flops per byte are under the board's balance (peak GFLOPS over peak GB/s where "
         "both are declared, else 4): its roof is the memory bandwidth, so read GB/s."))
+    emulated: bool = Field(default=False, description=(
+        "Its device key is an emulated board's: latencies are emulation's, not a real "
+        "board's; outputs are verified there all the same."))
     created_at: str
     updated_at: str
     started_at: str | None = None
@@ -104,7 +107,8 @@ class JobPublic(BaseModel):
             best = BestSoFar(trial_id=stats.best_trial_id, latency_s=stats.best_s,
                              gflops=gflops(stats.flops, stats.best_s),
                              gbps=gbps(stats.nbytes, stats.best_s))
-        balance = (settings or get_settings()).balance(stats.device_key)
+        settings = settings or get_settings()
+        balance = settings.balance(stats.device_key)
         bound = memory_bound(stats.flops, stats.nbytes, balance)
         return cls(
             id=row.id, owner=row.owner, state=str(row.state), workload_key=stats.workload_key,
@@ -113,7 +117,7 @@ class JobPublic(BaseModel):
             wall_budget_s=row.wall_budget_s, options=row.options, best=best, error=row.error,
             message=row.message if not row.state.is_terminal else None,
             model_id=row.model_id, task_name=stats.task_name, nbytes=stats.nbytes,
-            memory_bound=bound,
+            memory_bound=bound, emulated=settings.emulated(stats.device_key),
             created_at=row.created_at.isoformat(),
             updated_at=row.updated_at.isoformat(),
             started_at=_iso(row.started_at), finished_at=_iso(row.finished_at))
@@ -228,15 +232,19 @@ class RecordPublic(BaseModel):
         "On a confirmation: the trial it measured again."))
     confirmed_s: float | None = Field(default=None, description=(
         "On a confirmed record: the slower median of it and its confirmation."))
+    emulated: bool = Field(default=False, description=(
+        "Measured on an emulated board (TUNEFARM_EMULATED_KEYS, e.g. qemu-aarch64): its "
+        "output was verified there, its latency is emulation's and says nothing about a real "
+        "board."))
 
     @staticmethod
     def fields_of(row: RecordRow, *, workload_key: str, flops: int,
                   target_json: str | None = None, device_key: str | None = None,
                   noise_cv: float | None = None) -> dict[str, Any]:
         """The RecordPublic fields of a row (subclasses add their own to these)."""
-        if noise_cv is None:
-            from ..core.config import get_settings
+        from ..core.config import get_settings
 
+        if noise_cv is None:
             noise_cv = get_settings().noise_cv
         return {
             "trial_id": row.trial_id, "job_id": row.job_id, "workload_key": workload_key,
@@ -249,6 +257,7 @@ class RecordPublic(BaseModel):
             "tvm_version": row.tvm_version, "measured_at": row.measured_at.isoformat(),
             "predicted_s": row.predicted_s, "trust": row.trust, "confirms": row.confirms,
             "confirmed_s": row.confirmed_s,
+            "emulated": bool(device_key) and get_settings().emulated(str(device_key)),
         }
 
     @classmethod

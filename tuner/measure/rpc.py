@@ -131,16 +131,20 @@ class RpcMeasurer(Measurer):
 
     def __init__(self, tracker_host: str, tracker_port: int, key: str, *,
                  session_timeout_s: float | None = None, request_timeout_s: float = 60.0,
-                 worker_id: str | None = None, build_workers: int = 1, priority: int = 1) -> None:
+                 worker_id: str | None = None, build_workers: int = 1, priority: int = 1,
+                 deadline_factor: float = 1.0) -> None:
         """`session_timeout_s`: the longest a board serves one candidate; its server kills the
         session past it, which frees a board wedged by a hanging kernel (default: the build and
         run deadlines + 60 s). `request_timeout_s`: how long to wait for a free board.
-        `build_workers`: build processes (a prepared batch is built in parallel)."""
+        `build_workers`: build processes (a prepared batch is built in parallel).
+        `deadline_factor`: the board steps' deadlines (upload, allocate, run, session) times
+        this: an emulated board (`Settings.deadline_factor`) runs 10-100x slower."""
         self.tracker = (tracker_host, int(tracker_port))
         self.key = key
         self.session_timeout_s = session_timeout_s
         self.request_timeout_s = request_timeout_s
         self.priority = priority
+        self.factor = max(1.0, float(deadline_factor))
         self.worker_id = worker_id or f"{socket.gethostname()}:{os.getpid()}:rpc:{key}"
         self._prebuilder = Prebuilder(max(1, build_workers))
         self._built: dict[str, Built] = {}
@@ -257,11 +261,11 @@ class RpcMeasurer(Measurer):
                 h["args"] = self._bounded(
                     lambda: random_args(built.params or [], h["board"].dev) if packed
                     else allocate(prep, h["board"].dev, fill=prep.fill or "zeros"),
-                    STEP_TIMEOUT_S, "allocating the arguments")
+                    STEP_TIMEOUT_S * self.factor, "allocating the arguments")
             with self._step("run"):
                 latencies, max_err = self._run(h["board"], lambda: self._run_kernel(
                     h["rt"], h["args"], prep, inp, h["board"].dev,
-                    check_outputs=not packed and opts.verify), opts.run_timeout_s)
+                    check_outputs=not packed and opts.verify), opts.run_timeout_s * self.factor)
             if packed and opts.verify and (opts.verify_below_s is None
                                            or statistics.median(latencies) < opts.verify_below_s):
                 max_err = self._verify_whole(inp, prep, h)
@@ -278,7 +282,8 @@ class RpcMeasurer(Measurer):
         from tuner.core import tvm_api as tv
 
         opts = inp.options
-        session_s = self.session_timeout_s or (opts.build_timeout_s + opts.run_timeout_s + 60)
+        session_s = self.session_timeout_s or (
+            opts.build_timeout_s + (opts.run_timeout_s + 60) * self.factor)
         deadline = time.monotonic() + self.request_timeout_s
         last = ""
         while (left := deadline - time.monotonic()) > 0:
@@ -325,7 +330,8 @@ class RpcMeasurer(Measurer):
                 board.sess.upload(bytearray(data), os.path.basename(path))
                 return board.sess.load_module(os.path.basename(path))
 
-            return self._bounded(send_and_load, STEP_TIMEOUT_S, "uploading and loading the library")
+            return self._bounded(send_and_load, STEP_TIMEOUT_S * self.factor,
+                                 "uploading and loading the library")
 
     def _run(self, board: _Board, fn: Callable[[], Any], timeout_s: float) -> Any:
         """A step that runs the kernel, with the run deadline."""
@@ -375,11 +381,11 @@ class RpcMeasurer(Measurer):
             self._prebuilder.discard(whole.path)
         with self._step("allocate"):
             h["args_whole"] = self._bounded(
-                lambda: allocate(prep, h["board"].dev, fill=prep.fill or "zeros"), STEP_TIMEOUT_S,
-                "allocating the arguments")
+                lambda: allocate(prep, h["board"].dev, fill=prep.fill or "zeros"),
+                STEP_TIMEOUT_S * self.factor, "allocating the arguments")
         with self._step("run"):
             return float(self._run(h["board"], lambda: self._run_whole(h, prep),
-                                   inp.options.run_timeout_s))
+                                   inp.options.run_timeout_s * self.factor))
 
     def _run_whole(self, h: dict[str, Any], prep: Prepared) -> float:
         h["rt_whole"]["main"](*h["args_whole"])

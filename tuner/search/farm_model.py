@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 import xgboost as xgb
 
+from tuner.core.config import get_settings
 from tuner.db import cost_models as cm
 from tuner.db.rows import TargetRef
 from tuner.db.store import Store
@@ -137,6 +138,8 @@ def refresh(store: Store, tref: TargetRef, *, full: bool = False,
             cfg: FarmModelConfig = DEFAULT) -> cm.StoredModel | None:
     """Bring the target's model up to date (see the module doc); the new version, or None when
     there was nothing (enough) to learn or another process stored that version first."""
+    if get_settings().emulated(tref.device_key):  # emulation's latencies train no model
+        return None
     t0 = time.perf_counter()
     prev = cm.latest(store, tref.id)
     if prev is not None and (prev.objective != cfg.objective

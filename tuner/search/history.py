@@ -61,6 +61,8 @@ def trained_cost_model(store: Store, tref: TargetRef, wid: int, seed: int,
     (trained now, once, if the target has records but no model yet), and the job's own booster
     fitted on the workload's newest records. Untrained when the target has no history."""
     base, stored = None, None
+    if get_settings().emulated(tref.device_key):  # emulation's latencies train no model
+        return XGBCostModel(seed=seed, objective=cfg.objective)
     if get_settings().cost_model_transfer:
         base, stored = farm_model.load(store, tref)
         if base is None:

@@ -284,7 +284,9 @@ class Tuner:
         """Retrain the cost model on the batch's results and tell the search what was measured
         (a failure as a very slow run)."""
         lats = [res.median_s if res.ok else None for _, res in measured]
-        if measured:
+        # an emulated board's latencies are emulation's: no cost model learns from them (the
+        # search samples its space as an untrained model ranks it)
+        if measured and not get_settings().emulated(run.tref.device_key):
             search.model.add(np.stack([p.features for p, _ in measured]), lats, group=run.wid)
             search.model.fit()
         search.strategy.notify_runner_results(

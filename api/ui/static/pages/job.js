@@ -56,6 +56,8 @@ export function render(view, { id, me }) {
         (j.finished_at ? ` · ran ${((Date.parse(j.finished_at) - Date.parse(j.started_at || j.created_at)) / 1000).toFixed(0)} s` : "")],
     ];
     if (j.model_id) rows.push(["model", h("a", { href: `#/models/${j.model_id}` }, j.model_id.slice(0, 8))]);
+    if (j.emulated) rows.push(["emulated", h("span", { class: "error-text", id: "emulated" },
+      `${j.device_key} is an emulated board: every output is verified there, but its latencies say nothing about a real board`)]);
     if (j.message) rows.push(["waiting", h("span", { class: "error-text" }, j.message)]);
     if (j.error) rows.push(["error", h("span", { class: "error-text" }, j.error)]);
     fill(summary, h("dl", null, rows.map(([k, v]) => [h("dt", null, k), h("dd", { dataset: { field: k } }, v)])));
