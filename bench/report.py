@@ -37,7 +37,7 @@ def _cpu() -> dict[str, Any]:
         elif key == "flags" and "isa" not in info:
             flags = set(val.split())
             info["isa"] = [f for f in ("avx2", "fma", "avx512f", "avx512_vnni", "avx_vnni",
-                                       "avx512_bf16") if f in flags]
+                                       "avx512_bf16", "amx_bf16", "amx_int8") if f in flags]
     return info
 
 

@@ -261,3 +261,21 @@ def test_a_job_of_ten_thousand_records_renders(farm: Farm, browser: Any, shots: 
     print("job page with 10,000 records:", report)
     assert ui.errors == [], ui.errors
     ui.close()
+
+
+def test_a_job_on_an_emulated_board_says_its_latencies_are_emulations(farm: Farm,
+                                                                      browser: Any) -> None:
+    """A job of the emulated aarch64 board's device key (TUNEFARM_EMULATED_KEYS): its page says
+    that the latencies say nothing about a real board (no worker needed: the job waits)."""
+    aarch64 = {"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mattr": ["+neon"]}
+    job = farm.client().submit_job({"workload": {"op": "dense", "shape": [64, 256, 128]},
+                                    "target": aarch64, "device_key": "qemu-aarch64",
+                                    "trials": 4})
+    assert job["emulated"] is True
+    ui = Ui(browser, farm, 1280)
+    ui.sign_in(farm.user_token)
+    ui.page.goto(f"{farm.api_url}/ui#/jobs/{job['id']}")
+    ui.page.wait_for_selector("#emulated", timeout=30_000)
+    assert "say nothing about a real board" in ui.text("#emulated")
+    assert ui.errors == [], ui.errors
+    ui.close()
