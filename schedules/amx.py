@@ -26,10 +26,12 @@ tiles in tile registers over a chunk of K; the loop nest around it:
 X read as it is, a tile's 16 rows lie a row of X apart (4 KiB for K = 2048 in bf16: 16 pages
 per tile load); copied, each tile is 1,024 contiguous bytes. Timed with the copy's cost left
 out (X's loads made contiguous in the kernel, same bytes), the tile-order X ran 1.27x faster on
-2048³ and 1.15x on 1024³ (Sapphire Rapids, 2 cores): the copy is the design space "tiles".
+2048³ and 1.15x on 1024³ (Sapphire Rapids, 2 cores): the copy is the design space "tiles". With
+its cost, it won on 2048³ only (bench/RESULTS.md, Run BK): each parallel column block copies
+its rows again.
 
-The block's accumulators are zeroed above k0 (RewriteReductionBlock's init, vectorized); each
-call loads its C tiles and stores them back, once per chunk of K.
+The block's accumulators are zeroed above k0 (RewriteReductionBlock's init, a 2-D loop LLVM
+vectorizes); each call loads its C tiles and stores them back, once per chunk of K.
 """
 
 from __future__ import annotations
