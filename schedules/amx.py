@@ -43,7 +43,7 @@ from schedules.base import StructuralTemplate, cpu_postprocs, fold_epilogue, is_
 from schedules.int8 import PARALLEL, pack_weight
 from schedules.intrinsics import use
 from schedules.knobs import Categorical, DesignSpace, Fixed, PerfectTile, knob_table
-from schedules.match import BF16, INT8, GemmMatch, match_gemm
+from schedules.match import BF16, INT8, GemmMatch, match_gemm, plain_gemm
 from tuner.core.tvm_api import ms, tvm_ffi
 from tuner.workloads import Workload
 
@@ -100,13 +100,9 @@ class AmxGemm(StructuralTemplate):
     operands: str
 
     def why_not(self, workload: Workload, target: Any) -> str | None:
-        g = match_gemm(workload)
-        if not isinstance(g, GemmMatch):
-            return g.reason
-        if g.dtype != self.dtype:
-            return f"a {g.dtype} GEMM, not {self.operands}"
-        if g.batch:
-            return f"a batched {self.operands} GEMM (only [M, K] x [K, N] is served)"
+        g = plain_gemm(workload, self.dtype, self.operands)
+        if isinstance(g, str):
+            return g
         if not is_x86(target):
             return "not an x86 LLVM target"
         if not has_amx(target, self.kind):

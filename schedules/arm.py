@@ -56,7 +56,7 @@ from typing import Any
 from schedules.base import StructuralTemplate, finish_register_tile, fold_epilogue, pack_weight
 from schedules.intrinsics import USDOT_LOCAL_INTRIN, use
 from schedules.knobs import Categorical, PerfectTile, knob_table
-from schedules.match import INT8, GemmMatch, match_gemm
+from schedules.match import INT8, GemmMatch, match_gemm, plain_gemm
 from tuner.workloads import Workload
 
 LANES = 4  # fp32 / int32 lanes of a 128-bit NEON register
@@ -92,13 +92,9 @@ class _NeonGemm(StructuralTemplate):
         """None if the AArch64 `target` has the instructions and `g` their divisibility."""
 
     def why_not(self, workload: Workload, target: Any) -> str | None:
-        g = match_gemm(workload)
-        if not isinstance(g, GemmMatch):
-            return g.reason
-        if g.dtype != self.dtype:
-            return f"a {g.dtype} GEMM, not {self.dtype}"
-        if g.batch:
-            return "a batched GEMM (only [M, K] x [K, N] is served)"
+        g = plain_gemm(workload, self.dtype, self.dtype)
+        if isinstance(g, str):
+            return g
         if not is_aarch64(target):
             return "not an AArch64 LLVM target"
         return self._why_not_target(target, g)

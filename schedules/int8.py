@@ -63,7 +63,7 @@ from schedules.base import (
 from schedules.dot_intrinsics import PMADDWD_8x2_AVX2, VNNI_16x4_LLVM22
 from schedules.intrinsics import use
 from schedules.knobs import Categorical, DesignSpace, Fixed, PerfectTile, knob_table
-from schedules.match import INT8, GemmMatch, match_gemm
+from schedules.match import INT8, GemmMatch, match_gemm, plain_gemm
 from tuner.core.tvm_api import derived_object, ms
 from tuner.workloads import Workload
 
@@ -240,13 +240,9 @@ class PackedDotGemm(StructuralTemplate):
         """None if `target` (x86) has the instruction, else why not."""
 
     def why_not(self, workload: Workload, target: Any) -> str | None:
-        g = match_gemm(workload)
-        if not isinstance(g, GemmMatch):
-            return g.reason
-        if g.dtype != self.dtype:
-            return f"a {g.dtype} GEMM, not {self.operands}"
-        if g.batch:
-            return f"a batched {self.operands} GEMM (only [M, K] x [K, N] is served)"
+        g = plain_gemm(workload, self.dtype, self.operands)
+        if isinstance(g, str):
+            return g
         why = self._why_not_target(target) if is_x86(target) else "not an x86 LLVM target"
         if why:
             return why

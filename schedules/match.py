@@ -238,3 +238,15 @@ def cached_match(workload: Workload, key: str, match: Any) -> Any:
         workload._cache[key] = match(workload.prim_func())
     return workload._cache[key]
 
+
+def plain_gemm(workload: Workload, dtype: str, operands: str) -> GemmMatch | str:
+    """The workload's GEMM when it is an unbatched one of `dtype` operands (a GemmMatch.dtype,
+    said `operands` in words), else why not: what the packed-weight templates serve."""
+    g = match_gemm(workload)
+    if not isinstance(g, GemmMatch):
+        return g.reason
+    if g.dtype != dtype:
+        return f"a {g.dtype} GEMM, not {operands}"
+    if g.batch:
+        return f"a batched {operands} GEMM (only [M, K] x [K, N] is served)"
+    return g

@@ -133,5 +133,5 @@ def test_shared_views_of_a_workload_omit_the_tvmscript() -> None:
     fields: dict[str, Any] = dict.fromkeys(BestPublic.model_fields)
     fields.update(trial_id="t", workload_key="k", space="s", invalidity="ok", latencies_s=[],
                   noisy=False, decisions=[], knobs={}, tvm_version="x", measured_at="now",
-                  schedule_python="", workload=tir, trust="local")
+                  schedule_python="", workload=tir, trust="local", emulated=False)
     assert "secret" not in BestPublic.model_validate(fields).model_dump_json()
