@@ -26,6 +26,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -153,6 +154,16 @@ def start_server(root: Path, tracker: tuple[str, int], port: int, log_path: Path
                                 start_new_session=True)
 
 
+def start_tracker(directory: Path, address: tuple[str, int]) -> subprocess.Popen[bytes]:
+    """TVM's RPC tracker on `address` (its own process group, its log in `directory`)."""
+    with open(directory / "tracker.log", "ab") as out:
+        return subprocess.Popen(
+            [sys.executable, "-m", "tvm.exec.rpc_tracker", "--host", address[0], "--port",
+             str(address[1]), "--port-end", str(address[1] + 1), "--silent"],
+            stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+            start_new_session=True)
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
@@ -187,21 +198,22 @@ def _registry(directory: Path) -> Path:
     return directory / "processes.json"
 
 
-def remember(directory: Path, entries: list[dict[str, Any]]) -> None:
+def started(directory: Path) -> list[dict[str, Any]]:
+    """What `up` started and `down` has not stopped: {role, pid, port} each."""
     path = _registry(directory)
-    old = json.loads(path.read_text()) if path.is_file() else []
-    path.write_text(json.dumps(old + entries))
+    return list(json.loads(path.read_text())) if path.is_file() else []
+
+
+def remember(directory: Path, entries: list[dict[str, Any]]) -> None:
+    _registry(directory).write_text(json.dumps(started(directory) + entries))
 
 
 def stop_all(directory: Path) -> int:
     """Stop every process `up` started (each one's process group); how many were running."""
-    path = _registry(directory)
-    if not path.is_file():
-        return 0
     stopped = 0
-    for entry in json.loads(path.read_text()):
+    for entry in started(directory):
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(int(entry["pid"]), signal.SIGKILL)
             stopped += 1
-    path.unlink()
+    _registry(directory).unlink(missing_ok=True)
     return stopped

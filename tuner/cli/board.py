@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -19,6 +19,13 @@ TrackerOpt = Annotated[str | None, typer.Option(
 AARCH64 = {"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mattr": ["+neon"]}
 
 
+def _build(directory: Path) -> Path:
+    """The board's root in `directory`, built now with this Python's pip if it is not yet."""
+    from workers import board
+
+    return board.build(directory, pip=[sys.executable, "-m", "pip"], say=console.print)
+
+
 def board_up(
     count: Annotated[int, typer.Option(min=1, max=8, help="Boards to start.")] = 1,
     tracker: TrackerOpt = None,
@@ -29,20 +36,14 @@ def board_up(
     say nothing about a real board; their verification does. Needs root."""
     from workers import board
 
-    s = get_settings()
-    directory = board.board_dir(s.data_dir)
+    directory = board.board_dir(get_settings().data_dir)
     try:
-        root = board.build(directory, pip=[sys.executable, "-m", "pip"], say=console.print)
+        root = _build(directory)
         if tracker:
             address = host_port(tracker)
         else:
             address = ("127.0.0.1", 9190)
-            log = open(directory / "tracker.log", "ab")  # noqa: SIM115 - the child keeps it
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "tvm.exec.rpc_tracker", "--host", address[0], "--port",
-                 str(address[1]), "--port-end", str(address[1] + 1), "--silent"],
-                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                start_new_session=True)
+            proc = board.start_tracker(directory, address)
             board.remember(directory, [{"role": "tracker", "pid": proc.pid, "port": address[1]}])
         procs = []
         for _ in range(count):
@@ -73,7 +74,7 @@ def board_build() -> None:
 
     directory = board.board_dir(get_settings().data_dir)
     try:
-        root = board.build(directory, pip=[sys.executable, "-m", "pip"], say=console.print)
+        root = _build(directory)
     except TunefarmError as exc:
         fail(exc)
     console.print(f"the board's root is ready: {root}", style="green")
@@ -94,6 +95,5 @@ def board_status() -> None:
     directory = board.board_dir(get_settings().data_dir)
     built = "built" if board.is_built(directory) else "not built"
     console.print(f"root: {directory / 'root'} ({built})")
-    path = directory / "processes.json"
-    for e in json.loads(path.read_text()) if path.is_file() else []:
+    for e in board.started(directory):
         console.print(f"  {e['role']}  pid {e['pid']}  port {e['port']}")

@@ -145,6 +145,7 @@ class RpcMeasurer(Measurer):
         self.request_timeout_s = request_timeout_s
         self.priority = priority
         self.factor = max(1.0, float(deadline_factor))
+        self.step_timeout_s = STEP_TIMEOUT_S * self.factor  # upload + load, allocate
         self.worker_id = worker_id or f"{socket.gethostname()}:{os.getpid()}:rpc:{key}"
         self._prebuilder = Prebuilder(max(1, build_workers))
         self._built: dict[str, Built] = {}
@@ -261,7 +262,7 @@ class RpcMeasurer(Measurer):
                 h["args"] = self._bounded(
                     lambda: random_args(built.params or [], h["board"].dev) if packed
                     else allocate(prep, h["board"].dev, fill=prep.fill or "zeros"),
-                    STEP_TIMEOUT_S * self.factor, "allocating the arguments")
+                    self.step_timeout_s, "allocating the arguments")
             with self._step("run"):
                 latencies, max_err = self._run(h["board"], lambda: self._run_kernel(
                     h["rt"], h["args"], prep, inp, h["board"].dev,
@@ -330,7 +331,7 @@ class RpcMeasurer(Measurer):
                 board.sess.upload(bytearray(data), os.path.basename(path))
                 return board.sess.load_module(os.path.basename(path))
 
-            return self._bounded(send_and_load, STEP_TIMEOUT_S * self.factor,
+            return self._bounded(send_and_load, self.step_timeout_s,
                                  "uploading and loading the library")
 
     def _run(self, board: _Board, fn: Callable[[], Any], timeout_s: float) -> Any:
@@ -382,7 +383,7 @@ class RpcMeasurer(Measurer):
         with self._step("allocate"):
             h["args_whole"] = self._bounded(
                 lambda: allocate(prep, h["board"].dev, fill=prep.fill or "zeros"),
-                STEP_TIMEOUT_S * self.factor, "allocating the arguments")
+                self.step_timeout_s, "allocating the arguments")
         with self._step("run"):
             return float(self._run(h["board"], lambda: self._run_whole(h, prep),
                                    inp.options.run_timeout_s * self.factor))
