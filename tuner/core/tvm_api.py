@@ -42,20 +42,43 @@ def check_pins(version: Callable[[str], str] = importlib.metadata.version) -> No
 
 check_pins()
 
+# TVM itself, and TVM's classes named in the project's signatures. mypy reads TVM's own sources
+# for them (`follow_untyped_imports` in pyproject.toml), so a parameter that says `Schedule` is
+# checked as one. `Expr` is both a TIR PrimExpr and a relax expression (one class in TVM 0.27).
 import tvm  # noqa: E402
 import tvm_ffi  # noqa: E402
 from tvm import relax, te, topi  # noqa: E402
+from tvm.ir import IRModule  # noqa: E402
+from tvm.ir.expr import Expr  # noqa: E402
 from tvm.ir.utils import derived_object  # noqa: E402
-from tvm.s_tir import Schedule, Trace  # noqa: E402
+from tvm.runtime import Module as RuntimeModule  # noqa: E402
+from tvm.runtime import Tensor  # noqa: E402
+from tvm.s_tir import SBlock, Schedule, Trace  # noqa: E402
 from tvm.s_tir import meta_schedule as ms  # noqa: E402
+from tvm.s_tir.schedule import ExprRV, LoopRV, SBlockRV  # noqa: E402
 from tvm.support.popen_pool import PopenPoolExecutor, PopenWorker  # noqa: E402
+from tvm.target import Target  # noqa: E402
+from tvm.tirx import Buffer, IndexMap, PrimFunc, Stmt  # noqa: E402
 
 logging.getLogger("tvm.s_tir.meta_schedule").setLevel(logging.WARNING)
 
 __all__ = [
+    "Buffer",
+    "Expr",
+    "ExprRV",
+    "IRModule",
+    "IndexMap",
+    "LoopRV",
     "PopenPoolExecutor",
     "PopenWorker",
+    "PrimFunc",
+    "RuntimeModule",
+    "SBlock",
+    "SBlockRV",
     "Schedule",
+    "Stmt",
+    "Target",
+    "Tensor",
     "Trace",
     "apply_trace",
     "canonical_target_json",
