@@ -41,7 +41,7 @@ def _sign(ctx: ApiContext, key: str, text: str) -> str:
     return f"{mac}.{text}"
 
 
-def _verified(ctx: ApiContext, key: str, entry: Any) -> str | None:
+def _verified(ctx: ApiContext, key: str, entry: object) -> str | None:
     """The text of a cache entry this API signed, else None (absent, or written by another)."""
     if entry is None:
         return None

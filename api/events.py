@@ -15,8 +15,8 @@ import json
 import logging
 import re
 import time
-from collections.abc import AsyncIterator
-from typing import Any
+from collections.abc import AsyncIterator, Sequence
+from typing import Any, cast
 
 import redis
 from starlette.concurrency import run_in_threadpool
@@ -71,7 +71,8 @@ def _is_terminal(event_type: str, data: str) -> bool:
 async def _read(ctx: ApiContext, stream: str, cursor: str,
                 block_ms: int | None) -> list[tuple[str, dict[str, str]]]:
     try:
-        reply: Any = await ctx.redis.xread({stream: cursor}, count=200, block=block_ms)
+        reply = cast("list[Sequence[Any]] | None",  # [[stream, entries]] (RESP2)
+                     await ctx.redis.xread({stream: cursor}, count=200, block=block_ms))
     except (redis.RedisError, OSError) as exc:
         log.warning("events of %s: Redis read failed: %s", stream, exc)
         await asyncio.sleep((block_ms or BLOCK_MS) / 1000)  # no busy loop while Redis is down

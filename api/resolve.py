@@ -83,11 +83,11 @@ class BestKey:
         return self.workload.key
 
 
-def _is_tir(spec: Any) -> bool:
+def _is_tir(spec: object) -> bool:
     return isinstance(spec, dict) and spec.get("op") == "tir"
 
 
-def _digest(value: Any) -> str:
+def _digest(value: object) -> str:
     text = value if isinstance(value, str) else json.dumps(value, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()
 

@@ -32,7 +32,6 @@ import dataclasses
 import json
 import logging
 import math
-from typing import Any
 
 from tuner.db import trials
 from tuner.db.rows import NewRecord, check_knobs
@@ -63,7 +62,7 @@ def _invalid(detail: str, field: str) -> ApiProblem:
                                "type": "value_error"}])
 
 
-def _positive(x: Any) -> bool:
+def _positive(x: object) -> bool:
     """A finite number of seconds above zero (not a bool)."""
     if isinstance(x, bool) or not isinstance(x, int | float):
         return False

@@ -31,8 +31,9 @@ import logging
 import math
 import re
 import time
+from collections.abc import Sequence
 from dataclasses import fields
-from typing import Annotated, Any
+from typing import Annotated, Any, cast
 
 import redis
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
@@ -222,8 +223,8 @@ async def _read_new(r: AsyncRedis, stream: str, consumer: str, n: int,
     block = None if block_s is None else max(1, int(block_s * 1000))
     for attempt in range(2):
         try:
-            reply: Any = await r.xreadgroup(Keys.WORKERS_GROUP, consumer, {stream: ">"}, count=n,
-                                            block=block)
+            reply = cast("list[Sequence[Any]] | None", await r.xreadgroup(  # [[stream, entries]]
+                Keys.WORKERS_GROUP, consumer, {stream: ">"}, count=n, block=block))
         except redis.ResponseError as exc:
             if attempt == 0 and str(exc).startswith("NOGROUP"):
                 try:
@@ -330,7 +331,7 @@ def _vet(ctx: ApiContext, worker: WorkerRow, entries: list[streams.Entry]) -> li
 
 
 # --------------------------------------------------------------------------- input checks
-def _number(v: Any) -> bool:
+def _number(v: object) -> bool:
     return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
 
 
@@ -353,7 +354,7 @@ def _check_options(o: MeasureOptions) -> None:
             raise ValueError(f"options.{f.name} is {v!r}")
 
 
-def parse_input(raw: Any) -> MeasureInput:
+def parse_input(raw: str | None) -> MeasureInput:
     """A queued MeasureInput, checked before a worker gets it (ValueError says what is wrong):
     JSON of the right shape and types, no host-local artifact (a farm input never has one:
     a worker must not load a library from a path named in the queue)."""

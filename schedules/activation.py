@@ -24,13 +24,16 @@ activation (a reshape that moves the last dimension would make `compute_at` reco
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, cast
 
 from schedules.base import StructuralTemplate, is_x86, vector_lanes
 from schedules.intrinsics import ACTIVATION_F32, use
 from schedules.knobs import Categorical, PerfectTile, divides, knob_table
 from schedules.match_rows import ActivationMatch, match_activation
 from tuner.workloads import Workload
+
+if TYPE_CHECKING:
+    from tuner.core.tvm_api import SBlock, Schedule, Target, tvm
 
 LANES = 16
 # AVX2 takes the same schedule: LLVM computes each 16-lane vector as two 8-lane halves
@@ -57,7 +60,7 @@ class ActivationX86(StructuralTemplate):
     # small on purpose: on BERT's GELU (F17) all 36 points of a space with any serial count and
     # an unroll knob (0, 16, 64) measured within 67-71 µs; more points only cost tuning time
 
-    def why_not(self, workload: Workload, target: Any) -> str | None:
+    def why_not(self, workload: Workload, target: Target) -> str | None:
         m = match_activation(workload)
         if not isinstance(m, ActivationMatch):
             return m.reason
@@ -74,16 +77,16 @@ class ActivationX86(StructuralTemplate):
         assert isinstance(m, ActivationMatch)
         return {"vectors": m.row // LANES}
 
-    def schedule(self, sch: Any, workload: Workload, target: Any) -> None:
+    def schedule(self, sch: Schedule, workload: Workload, target: Target) -> None:
         m = match_activation(workload)
         assert isinstance(m, ActivationMatch), m
         _schedule(self, sch, m)
 
 
-def _schedule(t: ActivationX86, sch: Any, m: ActivationMatch) -> tuple[int, int]:
+def _schedule(t: ActivationX86, sch: Schedule, m: ActivationMatch) -> tuple[int, int]:
     """Schedule `sch`; returns the activation's elements computed per step and the output's."""
     blocks = sch.get_child_blocks(sch.get_sblock("root"))
-    names = [sch.get(b).name_hint for b in blocks]
+    names = [cast("SBlock", sch.get(b)).name_hint for b in blocks]
     at = names.index(m.act)
     for b, name in zip(blocks[:at], names[:at], strict=True):
         if name != m.input_block:
@@ -103,33 +106,35 @@ def _schedule(t: ActivationX86, sch: Any, m: ActivationMatch) -> tuple[int, int]
         out = blocks[-1]
     *rows, j = sch.get_loops(out)
     v = t.sample(sch, "vectors", extent=m.row // LANES)
-    step = int(sch.get(v)) * LANES  # the output's elements per step
+    step = int(cast(int, sch.get(v))) * LANES  # the output's elements per step
     jo, jv, jl = sch.split(j, [None, v, LANES])
     # the steps of a row split [outer, inner], the outer fused with the rows and run in parallel
     # (a split of rows and steps fused would leave bindings `tensorize` cannot blockize)
     j0, ser = t.split(sch, "tile", jo)
-    sch.parallel(sch.fuse(*rows, j0) if rows else j0)
+    sch.parallel(sch.fuse(*rows, j0) if rows else j0)  # type: ignore[arg-type]
     act = sch.get_sblock(m.act)
     if at < len(blocks) - 1:
         sch.compute_at(act, ser, preserve_unit_loops=True)
     if m.input_block is not None:
         producer = sch.get_sblock(m.input_block)
         sch.compute_at(producer, ser, preserve_unit_loops=True)
-        _, lanes = sch.split(sch.fuse(*sch.get_loops(producer)[2:]), [None, LANES])
+        _, lanes = sch.split(sch.fuse(*sch.get_loops(producer)[2:]),  # type: ignore[arg-type]
+                             [None, LANES])
         sch.vectorize(lanes)
     intrin = use(ACTIVATION_F32.format(fn=m.fn))
     if at == len(blocks) - 1:  # the activation writes the output: its own lanes are the step's
         sch.tensorize(jl, intrin)
         return step, step
     own = sch.get_loops(act)[2:]
-    per_step = math.prod(int(sch.get(loop).extent) for loop in own)
-    _, lanes = sch.split(sch.fuse(*own), [None, LANES])
+    per_step = math.prod(int(cast("tvm.tirx.IntImm", cast("tvm.tirx.For", sch.get(loop)).extent))
+                         for loop in own)
+    _, lanes = sch.split(sch.fuse(*own), [None, LANES])  # type: ignore[arg-type]
     sch.tensorize(lanes, intrin)
     sch.vectorize(jl)
     return per_step, step
 
 
-def _steps_problem(t: ActivationX86, workload: Workload, target: Any,
+def _steps_problem(t: ActivationX86, workload: Workload, target: Target,
                    m: ActivationMatch) -> str | None:
     """Schedule the function once: None when every step computes exactly its own vectors of the
     activation, else why the template does not serve it."""

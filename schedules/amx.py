@@ -36,15 +36,16 @@ vectorizes); each call loads its C tiles and stores them back, once per chunk of
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from schedules.amx_intrinsics import KINDS, MICRO, intrin_name
 from schedules.base import StructuralTemplate, cpu_postprocs, fold_epilogue, is_x86
 from schedules.int8 import PARALLEL, pack_weight
 from schedules.intrinsics import use
-from schedules.knobs import Categorical, DesignSpace, Fixed, PerfectTile, knob_table
+from schedules.knobs import Categorical, DesignSpace, Fixed, Knob, PerfectTile, knob_table
 from schedules.match import BF16, INT8, GemmMatch, match_gemm, plain_gemm
-from tuner.core.tvm_api import ms, tvm_ffi
+from tuner.core.tvm_api import Schedule, Target, ms, tvm_ffi
 from tuner.workloads import Workload
 
 CHUNKS = ("2048", "1024", "768", "512", "256")  # K elements per micro-kernel call
@@ -53,12 +54,12 @@ ORDERS = ("ij", "ji")
 A_LAYOUTS = ("tiles", "rows")  # X copied into tile order per cache block, or read as is
 
 
-def has_amx(target: Any, kind: str) -> bool:
+def has_amx(target: Target, kind: str) -> bool:
     feature = "amx-bf16" if kind == "bf16" else "amx-int8"
     return bool(tvm_ffi.get_global_func("target.llvm_cpu_has_feature")(feature, target))
 
 
-def _knobs(kind: str) -> Any:
+def _knobs(kind: str) -> Mapping[str, Knob]:
     g = 2 if kind == "bf16" else 4
     step = KINDS[kind][3]
     return knob_table(
@@ -99,7 +100,7 @@ class AmxGemm(StructuralTemplate):
     dtype: str
     operands: str
 
-    def why_not(self, workload: Workload, target: Any) -> str | None:
+    def why_not(self, workload: Workload, target: Target) -> str | None:
         g = plain_gemm(workload, self.dtype, self.operands)
         if isinstance(g, str):
             return g
@@ -130,8 +131,8 @@ class AmxGemm(StructuralTemplate):
         mr, nr = (int(x) for x in self.design_variants(workload)[0]["micro"].split("x"))
         return {"rows": g.m // (16 * mr), "cols": g.n // (16 * nr)}
 
-    def schedule(self, sch: Any, workload: Workload, target: Any, *, micro: str, k_chunk: str,
-                 order: str, a_layout: str) -> None:
+    def schedule(self, sch: Schedule, workload: Workload, target: Target, *, micro: str,
+                 k_chunk: str, order: str, a_layout: str) -> None:
         g = match_gemm(workload)
         assert isinstance(g, GemmMatch), g
         mr, nr = (int(x) for x in micro.split("x"))
@@ -153,7 +154,7 @@ class AmxGemm(StructuralTemplate):
         i0, i1 = self.split(sch, "rows", i)
         j0, j1 = self.split(sch, "cols", j)
         mid = (i1, j1) if order == "ij" else (j1, i1)
-        sch.reorder(i0, j0, k0, *mid, ii, jj, kk)
+        sch.reorder(i0, j0, k0, *mid, ii, jj, kk)  # type: ignore[arg-type]
         if ap is not None:  # per parallel tile and chunk of K: the rows its cache block reads
             sch.compute_at(ap, k0, preserve_unit_loops=True)
             _, lanes = sch.split(sch.get_loops(ap)[-1], [None, step])  # 64 bytes
@@ -168,12 +169,12 @@ class AmxGemm(StructuralTemplate):
         root = sch.get_sblock("root")
         sch.annotate(root, "meta_schedule.parallel", self.sample(sch, "parallel"))
 
-    def postprocs(self, target: Any) -> list[Any]:
+    def postprocs(self, target: Target) -> list[ms.postproc.Postproc]:
         # the init zeroes a 2-D block of C (RewriteTensorize vectorizes one loop only); LLVM
         # turns it into vector stores itself
         return [*cpu_postprocs(), ms.postproc.RewriteTensorize(vectorize_init_loop=False)]
 
-    def mutators(self, target: Any) -> dict[Any, float]:
+    def mutators(self, target: Target) -> dict[ms.mutator.Mutator, float]:
         return {ms.mutator.MutateTileSize(): 1.0}
 
 

@@ -32,7 +32,7 @@ from collections.abc import Callable
 from typing import Any
 
 from schedules.polynomial import pin_source
-from tuner.core.tvm_api import tvm
+from tuner.core.tvm_api import Expr, tvm
 
 T = tvm.script.tirx  # `from tvm.script import tirx as T`, without importing tvm here
 pin_source(__file__)
@@ -135,7 +135,7 @@ def _intrin(kind: str, mr: int, nr: int, chunk: int, packed_a: bool) -> tuple[An
     # [rows/16, K/step, 16, step] (each tile step 1,024 contiguous bytes)
     a_shape = (mr, chunk // step, 16, step) if packed_a else (rows, chunk)
 
-    def a_at(vi: Any, vk: Any) -> tuple[Any, ...]:
+    def a_at(vi: tvm.tirx.Var, vk: tvm.tirx.Var) -> tuple[Expr, ...]:
         return (vi // 16, vk // step, vi % 16, vk % step) if packed_a else (vi, vk)
 
     a_region = (slice(0, mr), slice(0, chunk // step), slice(0, 16), slice(0, step)) \

@@ -51,7 +51,7 @@ AArch64 gcc are installed, the AArch64 kernels themselves (usdot included) run u
 from __future__ import annotations
 
 from abc import abstractmethod
-from typing import Any
+from typing import TYPE_CHECKING
 
 from schedules.base import StructuralTemplate, finish_register_tile, fold_epilogue, pack_weight
 from schedules.intrinsics import USDOT_LOCAL_INTRIN, use
@@ -59,18 +59,21 @@ from schedules.knobs import Categorical, PerfectTile, knob_table
 from schedules.match import INT8, GemmMatch, match_gemm, plain_gemm
 from tuner.workloads import Workload
 
+if TYPE_CHECKING:
+    from tuner.core.tvm_api import LoopRV, SBlockRV, Schedule, Target
+
 LANES = 4  # fp32 / int32 lanes of a 128-bit NEON register
 DOT_K = 4  # bytes per lane that one usdot reduces
 UNROLL = Categorical((0, 16, 64), probs=(0.2, 0.4, 0.4),
                      doc="explicit unroll depth (meta_schedule.unroll_explicit)")
 
 
-def is_aarch64(target: Any) -> bool:
+def is_aarch64(target: Target) -> bool:
     triple = str(target.attrs.get("mtriple", "") or "")
     return target.kind.name == "llvm" and triple.startswith(("aarch64", "arm64"))
 
 
-def has_feature(target: Any, feature: str) -> bool:
+def has_feature(target: Target, feature: str) -> bool:
     from tuner.core.tvm_api import tvm_ffi
 
     return bool(tvm_ffi.get_global_func("target.llvm_cpu_has_feature")(feature, target))
@@ -84,14 +87,14 @@ class _NeonGemm(StructuralTemplate):
     dtype: str = "float32"  # the GemmMatch.dtype it serves
 
     @abstractmethod
-    def _pack(self, sch: Any, blk: Any, g: GemmMatch) -> None:
+    def _pack(self, sch: Schedule, blk: SBlockRV, g: GemmMatch) -> None:
         """Read the weight of `blk` through its packed copy (`pack_weight`)."""
 
     @abstractmethod
-    def _why_not_target(self, target: Any, g: GemmMatch) -> str | None:
+    def _why_not_target(self, target: Target, g: GemmMatch) -> str | None:
         """None if the AArch64 `target` has the instructions and `g` their divisibility."""
 
-    def why_not(self, workload: Workload, target: Any) -> str | None:
+    def why_not(self, workload: Workload, target: Target) -> str | None:
         g = plain_gemm(workload, self.dtype, self.dtype)
         if isinstance(g, str):
             return g
@@ -99,11 +102,11 @@ class _NeonGemm(StructuralTemplate):
             return "not an AArch64 LLVM target"
         return self._why_not_target(target, g)
 
-    def _sample_unroll(self, sch: Any) -> None:
+    def _sample_unroll(self, sch: Schedule) -> None:
         sch.annotate(sch.get_sblock("root"), "meta_schedule.unroll_explicit",
                      self.sample(sch, "unroll"))
 
-    def _micro_kernel(self, sch: Any, workload: Workload, *, dot: bool) -> Any:
+    def _micro_kernel(self, sch: Schedule, workload: Workload, *, dot: bool) -> LoopRV:
         """The loop nest; `dot`: K split by DOT_K first (the usdot lanes, returned innermost).
         The GEMM is the workload's first block matched by structure (`match_gemm`: an op spec, or
         a relax task with int64 indices); elementwise blocks after it (bias, activation,
@@ -123,10 +126,10 @@ class _NeonGemm(StructuralTemplate):
         if dot:
             ko, k4 = sch.split(k, [None, DOT_K])
             k0, k1 = self.split(sch, "tile_k", ko)
-            sch.reorder(i0, j0, i1, j1, k0, k1, i2, j2, jl, k4)
+            sch.reorder(i0, j0, i1, j1, k0, k1, i2, j2, jl, k4)  # type: ignore[arg-type]
         else:
             k0, k1 = self.split(sch, "tile_k", k)
-            sch.reorder(i0, j0, i1, j1, k0, k1, i2, j2, jl)
+            sch.reorder(i0, j0, i1, j1, k0, k1, i2, j2, jl)  # type: ignore[arg-type]
         finish_register_tile(sch, blk, parallel=[i0, j0], acc_at=j1, unrolled=[k1, i2, j2],
                              vector=None if dot else jl, k0=k0, lanes=LANES, epilogue=epilogue)
         return jl
@@ -153,18 +156,18 @@ class DenseNeonAarch64(_NeonGemm):
         unroll=UNROLL,
     )
 
-    def _why_not_target(self, target: Any, g: GemmMatch) -> str | None:
+    def _why_not_target(self, target: Target, g: GemmMatch) -> str | None:
         if not has_feature(target, "neon"):
             return "the target has no NEON"
         return None if g.n % LANES == 0 else f"N={g.n} is not a multiple of {LANES}"
 
-    def _pack(self, sch: Any, blk: Any, g: GemmMatch) -> None:
+    def _pack(self, sch: Schedule, blk: SBlockRV, g: GemmMatch) -> None:
         if g.weight_axes.endswith("kj"):  # B[K, N] (matmul)
             pack_weight(sch, blk, g.weight, lambda k, j: (j // LANES, k, j % LANES))
         else:  # W[N, K]
             pack_weight(sch, blk, g.weight, lambda j, k: (j // LANES, k, j % LANES))
 
-    def schedule(self, sch: Any, workload: Workload, target: Any) -> None:
+    def schedule(self, sch: Schedule, workload: Workload, target: Target) -> None:
         self._micro_kernel(sch, workload, dot=False)
 
 
@@ -186,14 +189,14 @@ class DenseInt8SdotAarch64(_NeonGemm):
         unroll=UNROLL,
     )
 
-    def _why_not_target(self, target: Any, g: GemmMatch) -> str | None:
+    def _why_not_target(self, target: Target, g: GemmMatch) -> str | None:
         if not has_feature(target, "i8mm"):
             return "the target has no i8mm (usdot)"
         if g.n % LANES or g.k % DOT_K:
             return f"N={g.n} is not a multiple of {LANES} or K={g.k} not of {DOT_K}"
         return None
 
-    def _pack(self, sch: Any, blk: Any, g: GemmMatch) -> None:
+    def _pack(self, sch: Schedule, blk: SBlockRV, g: GemmMatch) -> None:
         if g.weight_axes.endswith("kj"):  # W[K, N] (relax's matmul by a bound weight)
             pack_weight(sch, blk, g.weight,
                         lambda k, j: (j // LANES, k // DOT_K, j % LANES, k % DOT_K))
@@ -201,7 +204,7 @@ class DenseInt8SdotAarch64(_NeonGemm):
             pack_weight(sch, blk, g.weight,
                         lambda j, k: (j // LANES, k // DOT_K, j % LANES, k % DOT_K))
 
-    def schedule(self, sch: Any, workload: Workload, target: Any) -> None:
+    def schedule(self, sch: Schedule, workload: Workload, target: Target) -> None:
         # the 4x4 dot product (j4, k4) tensorized with usdot; without this step the same loop
         # nest runs on any CPU (how tests/schedules/test_cross.py checks its indexing on x86)
         sch.tensorize(self._micro_kernel(sch, workload, dot=True), use(USDOT_LOCAL_INTRIN))

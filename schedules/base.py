@@ -14,9 +14,9 @@ records, the intrinsics, `tuner.core.tvm_api`), never the registry: the one list
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from itertools import product
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 from schedules import naming
 from schedules.knobs import (
@@ -30,11 +30,22 @@ from schedules.knobs import (
     uniform,
 )
 from tuner.core.prepack import PADDED_PREPROC, PREPROC
-from tuner.core.tvm_api import ms
+from tuner.core.tvm_api import (
+    Expr,
+    ExprRV,
+    IndexMap,
+    LoopRV,
+    SBlock,
+    SBlockRV,
+    Schedule,
+    Target,
+    ms,
+    tvm,
+)
 from tuner.workloads import Workload
 
 
-def cpu_postprocs(*, tensorize: bool = False) -> list[Any]:
+def cpu_postprocs(*, tensorize: bool = False) -> list[ms.postproc.Postproc]:
     procs = [ms.postproc.DisallowDynamicLoop(), ms.postproc.RewriteParallelVectorizeUnroll(),
              ms.postproc.RewriteReductionBlock()]
     if tensorize:
@@ -42,18 +53,18 @@ def cpu_postprocs(*, tensorize: bool = False) -> list[Any]:
     return procs
 
 
-def cpu_mutators() -> dict[Any, float]:
+def cpu_mutators() -> dict[ms.mutator.Mutator, float]:
     return {ms.mutator.MutateTileSize(): 0.9, ms.mutator.MutateUnroll(): 0.08,
             ms.mutator.MutateParallel(max_jobs_per_core=16): 0.02}
 
 
-def is_x86(target: Any) -> bool:
+def is_x86(target: Target) -> bool:
     """An LLVM target for this kind of CPU (x86-64)."""
     triple = str(target.attrs.get("mtriple", "") or "")
     return target.kind.name == "llvm" and (triple == "" or triple.startswith("x86_64"))
 
 
-def vector_lanes(target: Any, dtype_bits: int = 32) -> int:
+def vector_lanes(target: Target, dtype_bits: int = 32) -> int:
     """SIMD lanes of `dtype_bits` elements: 16 fp32 with AVX-512, 8 with AVX2, 4 otherwise."""
     from tuner.core.tvm_api import tvm_ffi
 
@@ -67,8 +78,9 @@ def vector_lanes(target: Any, dtype_bits: int = 32) -> int:
     return width // dtype_bits
 
 
-def pack_weight(sch: Any, blk: Any, index: int, index_map: Any,
-                padded: Any | None = None) -> Any:
+def pack_weight(sch: Schedule, blk: SBlockRV, index: int,
+                index_map: IndexMap | Callable[..., tuple[Expr, ...]],
+                padded: SBlockRV | None = None) -> SBlockRV:
     """Read buffer `index` of `blk` (a layout-free weight) through a packed copy in the layout
     `index_map`, marked as layout-rewrite preprocessing: paid once at compile time, the timed
     kernel takes the weight packed. `padded`: the block padding that weight with zeros
@@ -88,13 +100,14 @@ def pack_weight(sch: Any, blk: Any, index: int, index_map: Any,
     return packed
 
 
-def padding_of(sch: Any, blk: Any, index: int) -> Any:
+def padding_of(sch: Schedule, blk: SBlockRV, index: int) -> SBlockRV:
     """The block writing read buffer `index` of `blk`: after `pad_einsum`, the one padding it."""
-    buf = sch.get(blk).reads[index].source
-    return next(p for p in sch.get_producers(blk) if sch.get(p).writes[0].source.same_as(buf))
+    buf = cast(SBlock, sch.get(blk)).reads[index].source
+    return next(p for p in sch.get_producers(blk)
+                if cast(SBlock, sch.get(p)).writes[0].source.same_as(buf))
 
 
-def fold_epilogue(sch: Any, blocks: list[Any]) -> Any | None:
+def fold_epilogue(sch: Schedule, blocks: list[SBlockRV]) -> SBlockRV | None:
     """Elementwise blocks after a compute block folded into one: each but the last inlined into
     its consumers. The last (or None without any) is for `finish_register_tile`."""
     for b in blocks[:-1]:
@@ -102,9 +115,9 @@ def fold_epilogue(sch: Any, blocks: list[Any]) -> Any | None:
     return blocks[-1] if blocks else None
 
 
-def finish_register_tile(sch: Any, blk: Any, *, parallel: list[Any], acc_at: Any,
-                         unrolled: list[Any], vector: Any | None, k0: Any, lanes: int,
-                         epilogue: Any | None = None) -> None:
+def finish_register_tile(sch: Schedule, blk: SBlockRV, *, parallel: list[LoopRV], acc_at: LoopRV,
+                         unrolled: list[LoopRV], vector: LoopRV | None, k0: LoopRV, lanes: int,
+                         epilogue: SBlockRV | None = None) -> None:
     """The register-blocked micro-kernel's epilogue shared by the GEMM-like templates: a local
     accumulator written back at `acc_at` (through the elementwise `epilogue` block, inlined into
     the write-back: bias, activation, ... cost no pass over memory), the outer tiles fused and
@@ -115,7 +128,7 @@ def finish_register_tile(sch: Any, blk: Any, *, parallel: list[Any], acc_at: Any
     sch.reverse_compute_at(acc, acc_at, preserve_unit_loops=True)
     if epilogue is not None:
         sch.reverse_compute_inline(epilogue)
-    sch.parallel(sch.fuse(*parallel))
+    sch.parallel(sch.fuse(*parallel))  # type: ignore[arg-type]
     for loop in unrolled:
         sch.unroll(loop)
     if vector is not None:
@@ -148,10 +161,10 @@ class Template(ABC):
     population_size: int = 128
     genetic_iters: int = 2
 
-    def applies(self, workload: Workload, target: Any) -> bool:
+    def applies(self, workload: Workload, target: Target) -> bool:
         return workload.op in self.ops and is_x86(target)
 
-    def why_not(self, workload: Workload, target: Any) -> str | None:
+    def why_not(self, workload: Workload, target: Target) -> str | None:
         """None if the template applies to `workload` on `target`, else why not (one line)."""
         if self.applies(workload, target):
             return None
@@ -160,7 +173,7 @@ class Template(ABC):
         return "its dtype, shape divisibility or target features do not hold here"
 
     @abstractmethod
-    def schedule(self, sch: Any, workload: Workload, target: Any, *args: Any,
+    def schedule(self, sch: Schedule, workload: Workload, target: Target, *args: Any,
                  **variant: Any) -> None:
         """Schedule `sch` (a fresh Schedule of `workload.mod()`) in place as ONE design space,
         sampling every knob; `variant` is one entry of `design_variants(workload)`, passed by
@@ -168,7 +181,7 @@ class Template(ABC):
 
     # --- the knob table -------------------------------------------------------------------------
 
-    def sample(self, sch: Any, name: str, *, extent: int | None = None) -> Any:
+    def sample(self, sch: Schedule, name: str, *, extent: int | None = None) -> ExprRV:
         """Sample the categorical knob `name` (one `SampleCategorical`): its declared choices and
         probabilities, or, for a knob with a `fits` rule, those that fit `extent`."""
         knob = self.KNOBS[name]
@@ -178,28 +191,30 @@ class Template(ABC):
         naming.note(name)
         return sch.sample_categorical(candidates=cands, probs=probs)
 
-    def tile(self, sch: Any, name: str, loop: Any) -> list[Any]:
+    def tile(self, sch: Schedule, name: str, loop: LoopRV) -> list[ExprRV]:
         """The decisions (one `SamplePerfectTile`) of the perfect-tile knob `name` over `loop`."""
         knob = self.KNOBS[name]
         assert isinstance(knob, PerfectTile), f"{self.name}: {name} is not a perfect tile"
         inner = knob.max_innermost
         if inner is None:
-            inner = int(sch.get(loop).extent)
+            inner = int(cast(tvm.tirx.IntImm, cast(tvm.tirx.For, sch.get(loop)).extent))
         naming.note(name)
         return list(sch.sample_perfect_tile(loop, n=knob.parts, max_innermost_factor=inner))
 
-    def split(self, sch: Any, name: str, loop: Any, *, narrow: bool = False,
-              partial: bool = True) -> list[Any]:
+    def split(self, sch: Schedule, name: str, loop: LoopRV, *, narrow: bool = False,
+              partial: bool = True) -> list[LoopRV]:
         """`loop` split by the knob `name`: a perfect tile, or [outer, inner] for a register tile
         (its inner extent one `SampleCategorical` among the choices for the loop's extent; with
         `narrow`, those for a target with 16 vector registers; `partial=False`: divisors only)."""
         knob = self.KNOBS[name]
         if isinstance(knob, RegisterTile):
-            cands = knob.choices(int(sch.get(loop).extent), narrow=narrow, partial=partial)
+            cands = knob.choices(
+                int(cast(tvm.tirx.IntImm, cast(tvm.tirx.For, sch.get(loop)).extent)),
+                narrow=narrow, partial=partial)
             naming.note(name)
             v = sch.sample_categorical(candidates=cands, probs=uniform(len(cands)))
             return list(sch.split(loop, [None, v]))
-        return list(sch.split(loop, self.tile(sch, name, loop)))
+        return list(sch.split(loop, self.tile(sch, name, loop)))  # type: ignore[arg-type]
 
     def knob_extents(self, workload: Workload) -> dict[str, int]:
         """The extents a knob's values depend on, for `workload` (rendered by `knobs`)."""
@@ -236,7 +251,8 @@ class Template(ABC):
         spaces = {n: k.choices for n, k in self.KNOBS.items() if isinstance(k, DesignSpace)}
         return [dict(zip(spaces, combo, strict=True)) for combo in product(*spaces.values())]
 
-    def apply(self, sch: Any, workload: Workload, target: Any, **variant: Any) -> list[Any]:
+    def apply(self, sch: Schedule, workload: Workload, target: Target,
+              **variant: Any) -> list[Schedule]:
         """The design spaces of `workload` scheduled from `sch` (a fresh Schedule of
         `workload.mod()`), one per `design_variants(workload)` entry, in that order: the first is
         `sch` itself, scheduled in place, the others copies of it. With `variant` (one entry's
@@ -252,14 +268,14 @@ class Template(ABC):
             self.schedule(s, workload, target, **kw)
         return spaces
 
-    def postprocs(self, target: Any) -> list[Any]:
+    def postprocs(self, target: Target) -> list[ms.postproc.Postproc]:
         return cpu_postprocs(tensorize=self.tensorize)
 
-    def mutators(self, target: Any) -> dict[Any, float]:
+    def mutators(self, target: Target) -> dict[ms.mutator.Mutator, float]:
         return cpu_mutators()
 
-    def space(self, workload: Workload, target: Any) -> Any:
-        def sch_fn(sch: Any) -> list[Any]:
+    def space(self, workload: Workload, target: Target) -> ms.space_generator.ScheduleFn:
+        def sch_fn(sch: Schedule) -> list[Schedule]:
             return self.apply(sch, workload, target)
 
         return ms.space_generator.ScheduleFn(sch_fn, sch_rules=[], postprocs=self.postprocs(target),
@@ -274,9 +290,9 @@ class StructuralTemplate(Template):
     """A template matched by the structure of a PrimFunc's blocks (schedules/match*.py), not by
     op name: `why_not` decides, and `applies` follows from it."""
 
-    def applies(self, workload: Workload, target: Any) -> bool:
+    def applies(self, workload: Workload, target: Target) -> bool:
         return self.why_not(workload, target) is None
 
     @abstractmethod
-    def why_not(self, workload: Workload, target: Any) -> str | None:
+    def why_not(self, workload: Workload, target: Target) -> str | None:
         """None if the template serves `workload` on `target`, else why not (one line)."""

@@ -23,15 +23,13 @@ replays anywhere.
 
 from __future__ import annotations
 
-from typing import Any
-
 from schedules.dot_intrinsics import BF16_IMPORT, BF16_16x2_AVX512
 from schedules.int8 import PackedDotGemm, packed_dot_knobs
 from schedules.match import BF16
-from tuner.core.tvm_api import tvm_ffi
+from tuner.core.tvm_api import Target, tvm_ffi
 
 
-def has_avx512_bf16(target: Any) -> bool:
+def has_avx512_bf16(target: Target) -> bool:
     return bool(tvm_ffi.get_global_func("target.llvm_cpu_has_feature")("avx512bf16", target))
 
 
@@ -49,5 +47,5 @@ class DenseBF16AVX512(PackedDotGemm):
     dtype, operands, llvm_import = BF16, "bfloat16 x bfloat16 -> float32", BF16_IMPORT
     KNOBS = packed_dot_knobs(lanes, group, "fp32")
 
-    def _why_not_target(self, target: Any) -> str | None:
+    def _why_not_target(self, target: Target) -> str | None:
         return None if has_avx512_bf16(target) else "the target has no AVX512-BF16"

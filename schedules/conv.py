@@ -33,7 +33,7 @@ instructions, but `transform_layout` replays with the index map recorded at gene
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from schedules.base import (
     StructuralTemplate,
@@ -55,12 +55,15 @@ from schedules.match import NoMatch
 from schedules.match_conv import ConvMatch, DepthwiseMatch, match_conv, match_depthwise
 from tuner.workloads import Workload
 
+if TYPE_CHECKING:
+    from tuner.core.tvm_api import LoopRV, SBlock, SBlockRV, Schedule, Target
+
 BLOCK = 16  # output channels per block of the register tile (knob tile_oc): one zmm of fp32
 UNROLL = Categorical((0, 16, 64, 512), probs=(0.1, 0.3, 0.3, 0.3),
                      doc="explicit unroll depth (meta_schedule.unroll_explicit)")
 
 
-def _pad_channels(sch: Any, conv: Any, o_axis: int, multiple: int) -> Any:
+def _pad_channels(sch: Schedule, conv: SBlockRV, o_axis: int, multiple: int) -> SBlockRV:
     """The convolution's output channels padded to a `multiple` (`pad_einsum`, which takes only
     an einsum: the data read through an im2col-like reindex, inlined back after), its kernel
     padded with zero filters by a block of its own (returned) and its output written back to
@@ -95,18 +98,18 @@ class _Direct(StructuralTemplate):
 
     depthwise = False
 
-    def why_not(self, workload: Workload, target: Any) -> str | None:
+    def why_not(self, workload: Workload, target: Target) -> str | None:
         m = _matched(workload, self.depthwise)
         if isinstance(m, NoMatch):
             return m.reason
         return "not an x86 LLVM target" if not is_x86(target) else self._why_not(m)
 
-    def _why_not(self, m: Any) -> str | None:
+    def _why_not(self, m: ConvMatch | DepthwiseMatch) -> str | None:
         return None
 
     @staticmethod
-    def _fold_epilogue(sch: Any, m: ConvMatch | DepthwiseMatch, *,
-                       padded: bool = False) -> Any | None:
+    def _fold_epilogue(sch: Schedule, m: ConvMatch | DepthwiseMatch, *,
+                       padded: bool = False) -> SBlockRV | None:
         """The epilogue blocks folded into one (None without any), for `_write_back`; `padded`:
         with the copy of the padded output back to the unpadded one first."""
         count = m.epilogue + padded
@@ -115,13 +118,13 @@ class _Direct(StructuralTemplate):
         return fold_epilogue(sch, list(sch.get_child_blocks(sch.get_sblock("root"))[-count:]))
 
     @staticmethod
-    def _write_back(sch: Any, acc: Any, at: Any, epilogue: Any | None) -> None:
+    def _write_back(sch: Schedule, acc: SBlockRV, at: LoopRV, epilogue: SBlockRV | None) -> None:
         """The accumulator written back at loop `at`, through the folded `epilogue`."""
         sch.reverse_compute_at(acc, at, preserve_unit_loops=True)
         if epilogue is not None:
             sch.reverse_compute_inline(epilogue)
 
-    def _sample_unroll(self, sch: Any) -> None:
+    def _sample_unroll(self, sch: Schedule) -> None:
         """The explicit-unroll knob, an annotation of the root block. Call it last: in TVM 0.27 a
         root-block annotation as the FIRST change of a schedule makes the next split rewrite the
         input PrimFunc in place (the workload's cached module, which every later replay starts
@@ -137,7 +140,8 @@ class _Direct(StructuralTemplate):
         return variants if padded else [v for v in variants if v["pad"] == "inline"]
 
     @staticmethod
-    def _place_padding(sch: Any, padb: list[Any], pad: str, *, tile: Any, task: Any) -> bool:
+    def _place_padding(sch: Schedule, padb: list[SBlockRV], pad: str, *, tile: LoopRV,
+                       task: LoopRV) -> bool:
         """Inline the padded input, or compute it per register `tile` or per parallel `task`;
         True when it was computed (not inlined)."""
         if not padb:
@@ -177,7 +181,8 @@ class _Conv2dX86(_Direct):
     # ms (3 seeds) against 1.76 (5). F11-F13 as close (bench/RESULTS.md Run AY)
     population_size = 64
 
-    def _why_not(self, m: Any) -> str | None:
+    def _why_not(self, m: ConvMatch | DepthwiseMatch) -> str | None:
+        assert isinstance(m, ConvMatch), m
         if m.layout != self.layout:
             return f"a {m.layout} convolution, not {self.layout}"
         return None
@@ -210,7 +215,8 @@ class _Conv2dX86(_Direct):
         # not with output channels padded to BLOCK: see `schedule`
         return not _pads_channels(_match(workload, False))
 
-    def schedule(self, sch: Any, workload: Workload, target: Any, *, pad: str, order: str) -> None:
+    def schedule(self, sch: Schedule, workload: Workload, target: Target, *, pad: str,
+                 order: str) -> None:
         m = _match(workload, False)
         nchw = self.layout == "NCHW"
         lanes = min(vector_lanes(target, 32), BLOCK)  # L: the packed kernel's block
@@ -244,8 +250,8 @@ class _Conv2dX86(_Direct):
             red = [rc0, rc1, rh, rw] if order == "c-outer" else [rc0, rh, rw, rc1]
         else:  # [O/L, KH, KW, C, L]; C is also contiguous in the data
             red = [rc0, rh, rw, rc1] if order == "c-outer" else [rh, rw, rc0, rc1]
-        sch.reorder(n, ob0, oh0, oh1, ob1, ow0, *red, ow1, ob2, *vec)
-        par = sch.fuse(n, ob0, oh0)
+        sch.reorder(n, ob0, oh0, oh1, ob1, ow0, *red, ow1, ob2, *vec)  # type: ignore[arg-type]
+        par = sch.fuse(n, ob0, oh0)  # type: ignore[arg-type]
         acc = sch.cache_write(conv, 0, "local")
         if nchw:
             # the register tile is (ow x ocv*16 output channels): channels innermost in the
@@ -253,7 +259,8 @@ class _Conv2dX86(_Direct):
             sch.transform_layout(conv, ("write", 0),
                                  lambda b, c, h, w: (b, c // lanes, h, w, c % lanes))
         self._write_back(sch, acc, ow0, epilogue)
-        padb = [b for b in sch.get_producers(conv) if sch.get(b).name_hint == m.pad]
+        padb = [b for b in sch.get_producers(conv)
+                if cast("SBlock", sch.get(b)).name_hint == m.pad]
         self._place_padding(sch, padb, pad, tile=ow0, task=par)
         sch.parallel(par)
         for loop in (ow1, ob2, *vec[:-1]):
@@ -322,7 +329,7 @@ class DepthwiseNCHWX86(_Direct):
     def knob_extents(self, workload: Workload) -> dict[str, int]:
         return {"lanes": _match(workload, True).out[3]}
 
-    def schedule(self, sch: Any, workload: Workload, target: Any, *, pad: str) -> None:
+    def schedule(self, sch: Schedule, workload: Workload, target: Target, *, pad: str) -> None:
         m = _match(workload, True)
         epilogue = self._fold_epilogue(sch, m)
         conv = sch.get_sblock(m.block)
@@ -332,11 +339,12 @@ class DepthwiseNCHWX86(_Direct):
         oh0, oh1, oh2 = self.split(sch, "tile_oh", oh)
         owv, ow2 = self.split(sch, "lanes", ow)
         ow0, ow1 = self.split(sch, "tile_ow", owv)
-        sch.reorder(b, c0, oh0, c1, oh1, ow0, *red, oh2, ow1, ow2)
-        par = sch.fuse(b, c0, oh0)
+        sch.reorder(b, c0, oh0, c1, oh1, ow0, *red, oh2, ow1, ow2)  # type: ignore[arg-type]
+        par = sch.fuse(b, c0, oh0)  # type: ignore[arg-type]
         acc = sch.cache_write(conv, 0, "local")
         self._write_back(sch, acc, ow0, epilogue)
-        padb = [p for p in sch.get_producers(conv) if sch.get(p).name_hint == m.pad]
+        padb = [p for p in sch.get_producers(conv)
+                if cast("SBlock", sch.get(p)).name_hint == m.pad]
         if self._place_padding(sch, padb, pad, tile=ow0, task=par):
             sch.vectorize(sch.get_loops(padb[0])[-1])
         sch.parallel(par)

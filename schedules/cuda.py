@@ -39,11 +39,10 @@ C source and compile it to PTX with nvcc (`wmma.mma.sync` in the PTX); nothing r
 from __future__ import annotations
 
 import math
-from typing import Any
 
 from schedules.base import Template
 from schedules.knobs import Categorical, PerfectTile, knob_table
-from tuner.core.tvm_api import load_tensor_intrins, ms
+from tuner.core.tvm_api import Schedule, Target, load_tensor_intrins, ms
 from tuner.workloads import Workload
 
 FRAG = 16  # wmma m16n16k16
@@ -60,7 +59,7 @@ FILL = "wmma_fill_16x16x16_f16"
 STORE = "wmma_store_16x16x16_f16_global"
 
 
-def cuda_arch(target: Any) -> int:
+def cuda_arch(target: Target) -> int:
     """70 for sm_70, ...; 0 when the target names no arch."""
     arch = str(target.attrs.get("arch", "") or "")
     digits = "".join(ch for ch in arch.removeprefix("sm_") if ch.isdigit())
@@ -107,7 +106,7 @@ class DenseWmmaCuda(Template):
                            doc="explicit unroll depth (meta_schedule.unroll_explicit)"),
     )
 
-    def applies(self, workload: Workload, target: Any) -> bool:
+    def applies(self, workload: Workload, target: Target) -> bool:
         spec = workload.spec
         return (workload.op in self.ops and spec.get("dtype") == "float16"
                 and target.kind.name == "cuda" and cuda_arch(target) >= 70
@@ -117,7 +116,7 @@ class DenseWmmaCuda(Template):
         m, n, _ = workload.spec["shape"]
         return {"warps_m": m // FRAG, "warps_n": n // FRAG}
 
-    def postprocs(self, target: Any) -> list[Any]:
+    def postprocs(self, target: Target) -> list[ms.postproc.Postproc]:
         procs = [ms.postproc.DisallowDynamicLoop(), ms.postproc.RewriteCooperativeFetch(),
                  ms.postproc.RewriteParallelVectorizeUnroll(),
                  ms.postproc.RewriteReductionBlock()]
@@ -130,10 +129,10 @@ class DenseWmmaCuda(Template):
             procs += [ms.postproc.RewriteUnboundBlock(), ms.postproc.VerifyGPUCode()]
         return procs
 
-    def mutators(self, target: Any) -> dict[Any, float]:
+    def mutators(self, target: Target) -> dict[ms.mutator.Mutator, float]:
         return {ms.mutator.MutateTileSize(): 0.9, ms.mutator.MutateUnroll(): 0.1}
 
-    def schedule(self, sch: Any, workload: Workload, target: Any) -> None:
+    def schedule(self, sch: Schedule, workload: Workload, target: Target) -> None:
         load_tensor_intrins("cuda")  # registers the wmma_* intrinsics
         m, n, _ = workload.spec["shape"]
         root = sch.get_sblock("root")
@@ -151,10 +150,10 @@ class DenseWmmaCuda(Template):
             tiles.append(sch.split(loop, [None, warps, frags]))  # [block, warp, frag]
         (i_b, i_w, i_f), (j_b, j_w, j_f) = tiles
         k0, k1 = self.split(sch, "tile_k", k_o)
-        sch.reorder(i_b, j_b, i_w, j_w, k0, k1, i_f, j_f, i_t, j_t, k_t)
+        sch.reorder(i_b, j_b, i_w, j_w, k0, k1, i_f, j_f, i_t, j_t, k_t)  # type: ignore[arg-type]
         sch.bind(i_b, "blockIdx.y")
         sch.bind(j_b, "blockIdx.x")
-        warp = sch.fuse(i_w, j_w)
+        warp = sch.fuse(i_w, j_w)  # type: ignore[arg-type]
         sch.bind(warp, "threadIdx.y")
         # the wmma ops run on whole warps: threadIdx.x (32 lanes) for the cooperative fetch
         sch.annotate(blk, "warp_execution", 1)
@@ -174,7 +173,7 @@ class DenseWmmaCuda(Template):
         for stage, knob in ((a_shared, "vector_a"), (b_shared, "vector_b")):
             sch.compute_at(stage, k0)
             sch.storage_align(stage, 0, axis=-2, factor=32, offset=8)
-            sch.fuse(*sch.get_loops(stage)[-2:])
+            sch.fuse(*sch.get_loops(stage)[-2:])  # type: ignore[arg-type]
             sch.annotate(stage, "meta_schedule.cooperative_fetch", self.sample(sch, knob))
         init = sch.decompose_reduction(blk, k0)
         sch.tensorize(sch.get_loops(init)[-2], FILL)
@@ -182,5 +181,5 @@ class DenseWmmaCuda(Template):
         rows, cols = sch.get_loops(acc)[-2:]
         rows_o, rows_t = sch.split(rows, [None, FRAG])
         cols_o, cols_t = sch.split(cols, [None, FRAG])
-        sch.reorder(rows_o, cols_o, rows_t, cols_t)
+        sch.reorder(rows_o, cols_o, rows_t, cols_t)  # type: ignore[arg-type]
         sch.tensorize(rows_t, STORE)

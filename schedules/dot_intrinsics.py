@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from schedules.polynomial import pin_source
-from tuner.core.tvm_api import tvm
+from tuner.core.tvm_api import PrimFunc, tvm
 
 T = tvm.script.tirx  # `from tvm.script import tirx as T`, without importing tvm here
 pin_source(__file__)
@@ -37,7 +37,7 @@ DOT_FACTORIES: dict[str, Callable[[], tuple[Any, Any]]] = {}
 VNNI_16x4_LLVM22 = "dot_16x4_vnni_llvm22"
 
 
-def dot_u8i8_desc(lanes: int, group: int, scope: str = "global") -> Any:
+def dot_u8i8_desc(lanes: int, group: int, scope: str = "global") -> PrimFunc:
     """The description the int8 dot-product intrinsics share: C[lanes] int32 (in `scope`) +=
     A[group] uint8 . B[lanes, group] int8, lane i taking row i of B."""
 

@@ -34,7 +34,7 @@ The layout never depends on a knob (traces replay with new decisions but fixed l
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, cast
 
 from schedules.base import (
     StructuralTemplate,
@@ -49,6 +49,11 @@ from schedules.knobs import Categorical, DesignSpace, PerfectTile, divides, knob
 from schedules.match import GemmMatch, match_gemm
 from schedules.match_rows import activation_of
 from tuner.workloads import Workload
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from tuner.core.tvm_api import Expr, SBlock, SBlockRV, Schedule, Target, tvm
 
 LANES = 16  # fp32 lanes of a zmm register
 # fewer rows than this: the generated space. A GEMV-like GEMM pads its rows to a micro-kernel's
@@ -87,7 +92,7 @@ class GemmX86(StructuralTemplate):
                            doc="explicit unroll depth (meta_schedule.unroll_explicit)"),
     )
 
-    def why_not(self, workload: Workload, target: Any) -> str | None:
+    def why_not(self, workload: Workload, target: Target) -> str | None:
         g = match_gemm(workload)
         if not isinstance(g, GemmMatch):
             return g.reason
@@ -109,7 +114,8 @@ class GemmX86(StructuralTemplate):
         return {"mr": m * g.batch_size if g.shared_weight else m,
                 "nv": _round_up(g.n, pn) // LANES, "unroll_k": g.k}
 
-    def schedule(self, sch: Any, workload: Workload, target: Any, *, order: str) -> None:
+    def schedule(self, sch: Schedule, workload: Workload, target: Target, *,
+                 order: str) -> None:
         g = match_gemm(workload)
         assert isinstance(g, GemmMatch), g
         root = sch.get_sblock("root")
@@ -132,7 +138,7 @@ class GemmX86(StructuralTemplate):
         # block, tensorized over the register tile; the blocks before it fold into one, those
         # after it into another, each a vector pass over the tile
         act = _activation_at(sch, rest) if pn == 1 else None
-        staged: list[Any] = []
+        staged: list[SBlockRV] = []
         if act is not None:
             before, after = rest[:act], rest[act + 1:]
             for b in [*before[:-1], *after[:-1]]:
@@ -141,8 +147,9 @@ class GemmX86(StructuralTemplate):
         epilogue = fold_epilogue(sch, rest) if act is None else None
         *batch, i, j, k = sch.get_loops(blk)
         if g.shared_weight:  # x[b, m, k] · w[k, n]: batch_size * m rows of one GEMM
-            i, batch = sch.fuse(*batch, i), []
-        m, n16 = int(sch.get(i).extent), int(sch.get(j).extent) // LANES
+            i, batch = sch.fuse(*batch, i), []  # type: ignore[arg-type]
+        m, n16 = (int(cast("tvm.tirx.IntImm", cast("tvm.tirx.For", sch.get(i)).extent)),
+                  int(cast("tvm.tirx.IntImm", cast("tvm.tirx.For", sch.get(j)).extent)) // LANES)
         mr = self.sample(sch, "mr", extent=m)
         nv = self.sample(sch, "nv", extent=n16)
         i_rest, i2 = sch.split(i, [None, mr])
@@ -150,9 +157,10 @@ class GemmX86(StructuralTemplate):
         jo, jl = sch.split(j, [None, LANES])
         j_rest, j2 = sch.split(jo, [None, nv])
         j0, j1 = self.split(sch, "tile_n", j_rest)
-        k0, k1 = sch.split(k, [None, self.sample(sch, "unroll_k", extent=int(sch.get(k).extent))])
+        k_extent = cast("tvm.tirx.IntImm", cast("tvm.tirx.For", sch.get(k)).extent)
+        k0, k1 = sch.split(k, [None, self.sample(sch, "unroll_k", extent=int(k_extent))])
         middle = [i1, j1] if order == "m-outer" else [j1, i1]
-        sch.reorder(*batch, i0, j0, *middle, k0, k1, i2, j2, jl)
+        sch.reorder(*batch, i0, j0, *middle, k0, k1, i2, j2, jl)  # type: ignore[arg-type]
         finish_register_tile(sch, blk, parallel=[*batch, i0, j0], acc_at=middle[-1],
                              unrolled=[k1, i2, j2], vector=jl, k0=k0, lanes=LANES,
                              epilogue=epilogue)
@@ -190,12 +198,12 @@ def _padding(g: GemmMatch) -> tuple[int, int]:
     return pm, 2 * LANES if vectors >= 11 and vectors % 2 and vectors % 3 else LANES
 
 
-def _activation_fn(sch: Any, block: Any) -> str | None:
+def _activation_fn(sch: Schedule, block: SBlockRV) -> str | None:
     """`fn` when the block is `Y[idx] = fn(X[idx])` for an activation with an intrinsic."""
-    return activation_of(sch.get(block), EPILOGUE_ACTIVATIONS)
+    return activation_of(cast("SBlock", sch.get(block)), EPILOGUE_ACTIVATIONS)
 
 
-def _activation_at(sch: Any, blocks: list[Any]) -> int | None:
+def _activation_at(sch: Schedule, blocks: list[SBlockRV]) -> int | None:
     """The position of the first activation block among the epilogue's blocks, if any."""
     return next((n for n, b in enumerate(blocks) if _activation_fn(sch, b)), None)
 
@@ -204,18 +212,19 @@ def _round_up(x: int, multiple: int) -> int:
     return -(-x // multiple) * multiple
 
 
-def _position(sch: Any, blocks: list[Any], blk: Any) -> int:
+def _position(sch: Schedule, blocks: list[SBlockRV], blk: SBlockRV) -> int:
     target = sch.get(blk)
-    return next(n for n, b in enumerate(blocks) if sch.get(b).same_as(target))
+    return next(n for n, b in enumerate(blocks)
+                if cast("SBlock", sch.get(b)).same_as(target))
 
 
-def _panels(axes: str) -> Any:
+def _panels(axes: str) -> Callable[..., tuple[Expr, ...]]:
     """The index map packing a weight whose dims are `axes` ("kj", "jk", "bjk", ...) into
     [*batch, N/16, K, 16] panels."""
     jpos, kpos = axes.index("j"), axes.index("k")
     bpos = [p for p, c in enumerate(axes) if c == "b"]
 
-    def panels(*idx: Any) -> tuple[Any, ...]:
+    def panels(*idx: tvm.tirx.Var) -> tuple[Expr, ...]:
         return (*(idx[p] for p in bpos), idx[jpos] // LANES, idx[kpos], idx[jpos] % LANES)
 
     return panels

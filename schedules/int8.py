@@ -51,7 +51,8 @@ from __future__ import annotations
 
 import functools
 from abc import abstractmethod
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, cast
 
 from schedules.base import (
     StructuralTemplate,
@@ -62,9 +63,9 @@ from schedules.base import (
 )
 from schedules.dot_intrinsics import PMADDWD_8x2_AVX2, VNNI_16x4_LLVM22
 from schedules.intrinsics import use
-from schedules.knobs import Categorical, DesignSpace, Fixed, PerfectTile, knob_table
+from schedules.knobs import Categorical, DesignSpace, Fixed, Knob, PerfectTile, knob_table
 from schedules.match import INT8, GemmMatch, match_gemm, plain_gemm
-from tuner.core.tvm_api import derived_object, ms
+from tuner.core.tvm_api import SBlockRV, Schedule, Target, Trace, derived_object, ms
 from tuner.workloads import Workload
 
 MAX_ROWS = 8  # rows of the micro-kernel
@@ -78,14 +79,14 @@ UNROLL = (0, 16, 64)
 ORDERS = ("ij", "ji")  # order of the cache-block loops; one design space each
 
 
-def has_vnni(target: Any) -> bool:
+def has_vnni(target: Target) -> bool:
     from tuner.core.tvm_api import tvm_ffi
 
     return bool(tvm_ffi.get_global_func("target.llvm_cpu_has_feature")("avx512vnni", target))
 
 
-def pack_weight(sch: Any, block: Any, read: int = 1, axes: str = "jk", *, lanes: int = 16,
-                group: int = 4) -> Any:
+def pack_weight(sch: Schedule, block: SBlockRV, read: int = 1, axes: str = "jk", *,
+                lanes: int = 16, group: int = 4) -> SBlockRV:
     """cache_read the weight of `block` (its read `read`, indexed [N, K] for axes "jk", [K, N]
     for "kj") into the fixed packed layout [N/lanes, K/group, lanes, group] and mark the copy as
     the compile-time weight packing (dropped from the timed kernel by
@@ -113,11 +114,11 @@ class RegisterBudget(ms.postproc.PyPostproc):
         super().__init__()
         self.registers = registers
 
-    def _initialize_with_tune_context(self, context: Any) -> None:
+    def _initialize_with_tune_context(self, context: ms.TuneContext) -> None:
         pass
 
-    def apply(self, sch: Any) -> bool:
-        trace = sch.trace
+    def apply(self, sch: Schedule) -> bool:
+        trace = cast(Trace, sch.trace)  # the search's schedules are traced
         tiles = [trace.decisions[inst] for inst in trace.insts
                  if inst.kind.name == "SamplePerfectTile"]
         if len(tiles) < 2:
@@ -125,8 +126,8 @@ class RegisterBudget(ms.postproc.PyPostproc):
         rows, vectors = int(tiles[0][-1]), int(tiles[1][-1])
         return rows * vectors + vectors <= self.registers
 
-    def clone(self) -> Any:
-        return RegisterBudget(self.registers)
+    def clone(self) -> ms.postproc.Postproc:
+        return cast(ms.postproc.Postproc, RegisterBudget(self.registers))
 
 
 class _Unchecked:
@@ -135,7 +136,7 @@ class _Unchecked:
     samples: FinishCacheBlock's ~50 checked calls made each of F22's proposals 0.9 s slower
     (2-core Xeon, 4 proposals: 8.0 -> 11.7 s)."""
 
-    def __init__(self, sch: Any) -> None:
+    def __init__(self, sch: Schedule) -> None:
         self._sch = sch
 
     def __getattr__(self, name: str) -> Any:
@@ -159,7 +160,7 @@ class FinishCacheBlock(ms.postproc.PyPostproc):
     0.1 s for the rest of the kernel; as rows x columns it takes 0.08 s. Its instructions are in
     the trace: records replay without this postproc."""
 
-    def _initialize_with_tune_context(self, context: Any) -> None:
+    def _initialize_with_tune_context(self, context: ms.TuneContext) -> None:
         pass
 
     def apply(self, sch: Any) -> bool:
@@ -183,11 +184,11 @@ class FinishCacheBlock(ms.postproc.PyPostproc):
                 sch.fuse(roles["cols"], roles["cols_unrolled"])
         return True
 
-    def clone(self) -> Any:
-        return FinishCacheBlock()
+    def clone(self) -> ms.postproc.Postproc:
+        return cast(ms.postproc.Postproc, FinishCacheBlock())
 
 
-def packed_dot_knobs(lanes: int, group: int, acc: str = "int32") -> Any:
+def packed_dot_knobs(lanes: int, group: int, acc: str = "int32") -> Mapping[str, Knob]:
     packed = f"packed weight Wp[N/{lanes}, K/{group}, {lanes}, {group}]"
     return knob_table(
         # sampled in this order: RegisterBudget reads the first two perfect tiles as (rows, vectors)
@@ -236,10 +237,10 @@ class PackedDotGemm(StructuralTemplate):
     llvm_import: str | None = None
 
     @abstractmethod
-    def _why_not_target(self, target: Any) -> str | None:
+    def _why_not_target(self, target: Target) -> str | None:
         """None if `target` (x86) has the instruction, else why not."""
 
-    def why_not(self, workload: Workload, target: Any) -> str | None:
+    def why_not(self, workload: Workload, target: Target) -> str | None:
         g = plain_gemm(workload, self.dtype, self.operands)
         if isinstance(g, str):
             return g
@@ -255,7 +256,8 @@ class PackedDotGemm(StructuralTemplate):
         assert isinstance(g, GemmMatch)
         return {"rows": g.m, "vectors": g.n // self.lanes, "k_block": g.k // self.group}
 
-    def schedule(self, sch: Any, workload: Workload, target: Any, *, order: str) -> None:
+    def schedule(self, sch: Schedule, workload: Workload, target: Target, *,
+                 order: str) -> None:
         g = match_gemm(workload)
         assert isinstance(g, GemmMatch), g
         block, *epilogue = sch.get_child_blocks(sch.get_sblock("root"))[g.block:]
@@ -268,7 +270,7 @@ class PackedDotGemm(StructuralTemplate):
         j0, j1, j2 = self.split(sch, "vectors", j)
         k0, k1 = self.split(sch, "k_block", k)  # innermost up to the whole K/4
         mid = (i1, j1) if order == "ij" else (j1, i1)
-        sch.reorder(i0, j0, k0, *mid, k1, i2, j2, j16, k4)
+        sch.reorder(i0, j0, k0, *mid, k1, i2, j2, j16, k4)  # type: ignore[arg-type]
         if self.llvm_import:  # the intrinsic's LLVM function, imported into the kernel's module
             # by the k0 loop: the root block is rebuilt by relax's SplitLayoutRewritePreproc
             # (its annotations lost), and the parallel postproc fuses the loops above k0
@@ -290,11 +292,11 @@ class PackedDotGemm(StructuralTemplate):
         sch.annotate(root, "meta_schedule.parallel", self.sample(sch, "parallel"))
         sch.annotate(root, "meta_schedule.unroll_explicit", self.sample(sch, "unroll"))
 
-    def postprocs(self, target: Any) -> list[Any]:
-        return [RegisterBudget(self.registers), *cpu_postprocs(tensorize=True),
-                FinishCacheBlock()]
+    def postprocs(self, target: Target) -> list[ms.postproc.Postproc]:
+        return [cast(ms.postproc.Postproc, RegisterBudget(self.registers)),
+                *cpu_postprocs(tensorize=True), cast(ms.postproc.Postproc, FinishCacheBlock())]
 
-    def mutators(self, target: Any) -> dict[Any, float]:
+    def mutators(self, target: Target) -> dict[ms.mutator.Mutator, float]:
         # MutateParallel rewrites a constant `meta_schedule.parallel` value (it fails on a sampled
         # one); here the parallel extent is a sampled categorical, resampled with the population
         return {ms.mutator.MutateTileSize(): 0.9, ms.mutator.MutateUnroll(): 0.1}
@@ -311,7 +313,7 @@ class DenseInt8VNNI(PackedDotGemm):
     lanes, group, registers, intrin = 16, 4, 32, VNNI_16x4_LLVM22
     KNOBS = packed_dot_knobs(lanes, group)
 
-    def _why_not_target(self, target: Any) -> str | None:
+    def _why_not_target(self, target: Target) -> str | None:
         return None if has_vnni(target) else "the target has no AVX512-VNNI"
 
 
@@ -326,7 +328,7 @@ class DenseInt8AVX2(PackedDotGemm):
     lanes, group, registers, intrin = 8, 2, 16, PMADDWD_8x2_AVX2
     KNOBS = packed_dot_knobs(lanes, group)
 
-    def _why_not_target(self, target: Any) -> str | None:
+    def _why_not_target(self, target: Target) -> str | None:
         if has_vnni(target):
             return "the target has AVX512-VNNI: dense-int8-vnni serves it"
         return None if vector_lanes(target, 32) >= 8 else "the target has no AVX2"

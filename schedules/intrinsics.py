@@ -23,7 +23,7 @@ from schedules.polynomial import let as _let
 from schedules.polynomial import pin_source
 from schedules.polynomial import vexp as _vexp
 from schedules.row_intrinsics import ROW_PATTERNS
-from tuner.core.tvm_api import load_tensor_intrins, tvm
+from tuner.core.tvm_api import Expr, load_tensor_intrins, tvm
 
 T = tvm.script.tirx  # `from tvm.script import tirx as T`, without importing tvm here
 TensorIntrin = tvm.s_tir.TensorIntrin
@@ -157,11 +157,11 @@ _ERF_Q = (1.0, 0.5048557291888569, 0.11534918776765365,
           0.015207072172589554, 0.0011855467660172169, 3.7419925979704333e-05)
 
 
-def _activation(fn: str, x: Any, lanes: int) -> Any:
-    def bc(c: float) -> Any:
+def _activation(fn: str, x: Expr, lanes: int) -> Expr:
+    def bc(c: float) -> tvm.tirx.Broadcast:
         return T.broadcast(T.float32(c), lanes)
 
-    def horner(coefs: tuple[float, ...], t: Any) -> Any:
+    def horner(coefs: tuple[float, ...], t: tvm.tirx.Var) -> Expr:
         poly = bc(coefs[-1])
         for c in coefs[-2::-1]:
             poly = poly * t + bc(c)
@@ -173,7 +173,8 @@ def _activation(fn: str, x: Any, lanes: int) -> Any:
         return _let(T.max(T.min(x, bc(_ERF_CLAMP)), bc(-_ERF_CLAMP)), lambda c: _let(
             c * c, lambda t: c * horner(_ERF_P, t) / horner(_ERF_Q, t)))
 
-    def odd(x: Any, a: Any, a2: Any) -> Any:  # tanh(|x|) with the sign of x
+    # tanh(|x|) with the sign of x
+    def odd(x: tvm.tirx.Var, a: tvm.tirx.Var, a2: tvm.tirx.Var) -> Expr:
         big = _let(_vexp(bc(-2.0) * a, lanes), lambda e: (bc(1.0) - e) / (bc(1.0) + e))
         small = a * (bc(1.0) + a2 * (bc(-1.0 / 3.0) + a2 * bc(2.0 / 15.0)))
         return _let(T.Select(a < bc(0.1), small, big),

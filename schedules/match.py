@@ -26,15 +26,17 @@ register write-back (`reverse_compute_inline`): no separate pass over memory.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar, cast
 
-from tuner.core.tvm_api import tvm, tvm_ffi
+from tuner.core.tvm_api import Expr, PrimFunc, tvm, tvm_ffi
 from tuner.workloads import Workload
 
 DATA_PAR, COMM_REDUCE = 0, 2  # tvm.tirx.IterVar kinds
 INT8 = "uint8*int8->int32"  # GemmMatch.dtype of a quantized GEMM (dense-int8-vnni's)
 BF16 = "bfloat16*bfloat16->float32"  # GemmMatch.dtype of a bf16 GEMM (dense-bf16-avx512's)
+M = TypeVar("M")  # what a matcher answers (`cached_match`)
 
 
 @dataclass(frozen=True)
@@ -66,26 +68,28 @@ class NoMatch:
     reason: str
 
 
-def child_blocks(func: Any) -> list[Any]:
+def child_blocks(func: PrimFunc) -> list[Any]:
     """The root block's child blocks in program order (none nested deeper is expected)."""
     found: list[Any] = []
-    tvm_ffi.structural_walk(func.body, [((tvm.s_tir.SBlockRealize,), found.append)])
-    root = func.body.block if isinstance(func.body, tvm.s_tir.SBlockRealize) else None
+    tvm_ffi.structural_walk(func.body,  # type: ignore[attr-defined]
+                            [((tvm.s_tir.SBlockRealize,), found.append)])
+    root = func.body.block if isinstance(func.body,  # type: ignore[attr-defined]
+                                         tvm.s_tir.SBlockRealize) else None
     return [r.block for r in found if root is None or not r.block.same_as(root)]
 
 
-def is_var(e: Any, var: Any) -> bool:
+def is_var(e: Expr, var: Expr | None) -> bool:
     return isinstance(e, tvm.tirx.Var) and e.same_as(var)
 
 
-def unit_dim(index: Any, extent: Any) -> bool:
+def unit_dim(index: Expr, extent: Expr) -> bool:
     """Index 0 of a dimension of extent 1: how relax broadcasts a [1, C, 1, 1] bias."""
     return (isinstance(index, tvm.tirx.IntImm) and int(index.value) == 0
             and isinstance(extent, tvm.tirx.IntImm) and int(extent.value) == 1)
 
 
-def loads(expr: Any) -> list[Any]:
-    out: list[Any] = []
+def loads(expr: Expr) -> list[tvm.ir.TensorLoad]:
+    out: list[tvm.ir.TensorLoad] = []
     tvm_ffi.structural_walk(expr, [((tvm.ir.TensorLoad,), out.append)])
     return out
 
@@ -93,7 +97,8 @@ def loads(expr: Any) -> list[Any]:
 def _operand(e: Any) -> Any:
     """The load under an int32 or float32 cast (how an int8 or bf16 GEMM widens its operands),
     or `e` itself."""
-    if isinstance(e, tvm.tirx.Cast) and str(e.ty.dtype) in ("int32", "float32"):
+    if isinstance(e, tvm.tirx.Cast) \
+            and str(e.ty.dtype) in ("int32", "float32"):  # type: ignore[attr-defined]
         return e.value
     return e
 
@@ -148,7 +153,8 @@ def _gemm_block(b: Any) -> tuple[int, int, int, int, int, int, str, str] | str:
                 "widened to float32 (the operands a GEMM template serves)")
     named = [*(("b", x) for x in bat), ("i", iv), ("j", jv), ("k", kv)]
 
-    def axes(load: Any) -> str | None:  # "bik" for A[b, i, k]; None for any other index
+    # "bik" for A[b, i, k]; None for any other index
+    def axes(load: tvm.ir.TensorLoad) -> str | None:
         out = ""
         for e in load.indices:
             hit = [c for c, x in named if is_var(e, x)]
@@ -196,10 +202,11 @@ def epilogue_problem(blocks: list[Any], c_shape: list[int], written: list[Any],
         for ld in loads(st.value):
             earlier = any(ld.source.same_as(x) for x in written)
             exact = len(ld.indices) == len(its) and all(map(is_var, ld.indices, its))
-            subset = all(any(is_var(e, x) for x in its) or unit_dim(e, d)
-                         for e, d in zip(ld.indices, ld.source.shape, strict=True))
+            subset = all(any(is_var(e, x) for x in its) or unit_dim(e, d) for e, d in zip(
+                ld.indices, ld.source.shape, strict=True))  # type: ignore[attr-defined]
             if (earlier and not exact) or not subset:
-                return f"block {b.name_hint} reads {ld.source.name} at other indices"
+                return (f"block {b.name_hint} reads {cast(tvm.tirx.Buffer, ld.source).name} "
+                        "at other indices")
         last = n == len(blocks) - 1
         if any(st.buffer.same_as(p) for p in outputs) != last:
             return f"block {b.name_hint}: only the last epilogue block may write an output"
@@ -207,7 +214,7 @@ def epilogue_problem(blocks: list[Any], c_shape: list[int], written: list[Any],
     return None
 
 
-def match_gemm_func(func: Any) -> GemmMatch | NoMatch:
+def match_gemm_func(func: PrimFunc) -> GemmMatch | NoMatch:
     blocks = child_blocks(func)
     if not blocks:
         return NoMatch("the function has no blocks")
@@ -215,7 +222,7 @@ def match_gemm_func(func: Any) -> GemmMatch | NoMatch:
     if isinstance(got, str):
         return NoMatch(got)
     batch, batch_size, m, n, k, weight, w_axes, dtype = got
-    params = list(func.params)
+    params = list(func.params)  # type: ignore[attr-defined]
     c = blocks[0].body.buffer
     rest = blocks[1:]
     if rest and any(c.same_as(p) for p in params):
@@ -233,7 +240,7 @@ def match_gemm(workload: Workload) -> GemmMatch | NoMatch:
     return cached_match(workload, "match:gemm", match_gemm_func)
 
 
-def cached_match(workload: Workload, key: str, match: Any) -> Any:
+def cached_match(workload: Workload, key: str, match: Callable[[PrimFunc], M]) -> M:
     if key not in workload._cache:
         workload._cache[key] = match(workload.prim_func())
     return workload._cache[key]

@@ -20,8 +20,9 @@ The templates (`schedules/conv.py`) fold the epilogue into their register tile's
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar, cast
 
 from schedules.match import (
     COMM_REDUCE,
@@ -32,7 +33,7 @@ from schedules.match import (
     epilogue_problem,
     is_var,
 )
-from tuner.core.tvm_api import tvm, tvm_ffi
+from tuner.core.tvm_api import Expr, PrimFunc, SBlock, tvm, tvm_ffi
 from tuner.workloads import Workload
 
 
@@ -57,6 +58,8 @@ class DepthwiseMatch:
     epilogue: int
 
 
+R = TypeVar("R")  # what `_convolution`'s `read` finds in a convolution block
+
 # iterators of each layout's conv block, in order, and the indices of its data and kernel reads
 _CONV_LAYOUTS = {
     "NCHW": ("nfyxcrs", ("n", "c", "yr", "xs"), "fcrs"),
@@ -64,13 +67,13 @@ _CONV_LAYOUTS = {
 }
 
 
-def _vars_of(expr: Any) -> list[Any]:
-    out: list[Any] = []
+def _vars_of(expr: Expr) -> list[tvm.tirx.Var]:
+    out: list[tvm.tirx.Var] = []
     tvm_ffi.structural_walk(expr, [((tvm.tirx.Var,), out.append)])
     return out
 
 
-def _reads_only(index: Any, main: Any, other: Any) -> bool:
+def _reads_only(index: Expr, main: Expr, other: Expr | None) -> bool:
     """An index of the `main` iterator and possibly `other` only: a window's y·stride +
     r·dilation (or y·stride when the window is 1 wide), or a group's channel c + k."""
     found = _vars_of(index)
@@ -78,7 +81,7 @@ def _reads_only(index: Any, main: Any, other: Any) -> bool:
             and all(x.same_as(main) or x.same_as(other) for x in found))
 
 
-def _accumulation(b: Any, reductions: tuple[int, ...]) -> tuple[Any, Any, Any] | str:
+def _accumulation(b: SBlock, reductions: tuple[int, ...]) -> tuple[Any, Any, Any] | str:
     """(output store, first factor, second factor) of a block of 4 spatial iterators and one of
     `reductions` reduction iterators computing out += x · y from 0 in float32, or why not."""
     kinds = [int(iv.iter_type) for iv in b.iter_vars]
@@ -100,12 +103,13 @@ def _accumulation(b: Any, reductions: tuple[int, ...]) -> tuple[Any, Any, Any] |
             and isinstance(v.a, tvm.ir.TensorLoad) and v.a.source.same_as(st.buffer)
             and isinstance(v.b.a, tvm.ir.TensorLoad) and isinstance(v.b.b, tvm.ir.TensorLoad)):
         return "the reduction is not out += data * kernel"
-    if any(str(x.dtype) != "float32" for x in (st.buffer, v.b.a.source, v.b.b.source)):
+    if any(str(x.dtype) != "float32"  # type: ignore[attr-defined]
+           for x in (st.buffer, v.b.a.source, v.b.b.source)):
         return "a convolution operand is not float32"
     return st, v.b.a, v.b.b
 
 
-def _conv_block(b: Any) -> tuple[str, Any] | str:
+def _conv_block(b: SBlock) -> tuple[str, Any] | str:
     """(layout, data buffer) of a conv2d block, or why it is not one."""
     got = _accumulation(b, (3,))
     if isinstance(got, str):
@@ -125,7 +129,7 @@ def _conv_block(b: Any) -> tuple[str, Any] | str:
             "kernel[o, c, r, q] (NCHW) or data[n, y, x, c] and kernel[r, q, c, o] (NHWC)")
 
 
-def _depthwise_block(b: Any) -> tuple[bool, Any] | str:
+def _depthwise_block(b: SBlock) -> tuple[bool, Any] | str:
     """(whether it has relax's group reduction, data buffer) of a depthwise block, or why not."""
     got = _accumulation(b, (2, 3))
     if isinstance(got, str):
@@ -133,7 +137,7 @@ def _depthwise_block(b: Any) -> tuple[bool, Any] | str:
     st, x, y = got
     its = [iv.var for iv in b.iter_vars]
     group = len(its) == 7
-    if group and int(b.iter_vars[4].dom.extent) != 1:
+    if group and int(cast(tvm.tirx.IntImm, b.iter_vars[4].dom.extent)) != 1:
         return ("more than one input channel per output channel: a dense or grouped "
                 "convolution, not a depthwise one")
     n, f, yv, xv = its[:4]
@@ -156,11 +160,11 @@ def _depthwise_block(b: Any) -> tuple[bool, Any] | str:
             "[C, 1, KH, KW] per channel")
 
 
-def _around(func: Any, blocks: list[Any], at: int, data: Any
+def _around(func: PrimFunc, blocks: list[Any], at: int, data: tvm.tirx.Buffer
             ) -> tuple[str | None, bool, int] | NoMatch:
     """(data block's name, whether it pads, epilogue blocks) of the convolution block `at`, or
     why what comes before or after it is not served."""
-    params = list(func.params)
+    params = list(func.params)  # type: ignore[attr-defined]
     pad = None
     if at == 1:
         b = blocks[0]
@@ -188,12 +192,13 @@ def _around(func: Any, blocks: list[Any], at: int, data: Any
     why = epilogue_problem(rest, [int(d) for d in out.shape], [out], params, "convolution")
     if why is not None:
         return NoMatch(why)
-    padded = pad is not None and [int(d) for d in data.shape] != [
+    padded = pad is not None and [int(d) for d in data.shape] != [  # type: ignore[attr-defined]
         int(d) for d in blocks[0].reads[0].source.shape]
     return pad, padded, len(rest)
 
 
-def _convolution(func: Any, read: Any) -> tuple[Any, Any, tuple[str | None, bool, int]] | NoMatch:
+def _convolution(func: PrimFunc, read: Callable[[Any], tuple[R, Any] | str]
+                 ) -> tuple[Any, tuple[R, Any], tuple[str | None, bool, int]] | NoMatch:
     """(the convolution block, what `read` (`_conv_block` or `_depthwise_block`) finds in it,
     `_around` of it), or why `func` is not such a convolution."""
     blocks = child_blocks(func)
@@ -207,7 +212,7 @@ def _convolution(func: Any, read: Any) -> tuple[Any, Any, tuple[str | None, bool
     return around if isinstance(around, NoMatch) else (blocks[at], got, around)
 
 
-def match_conv_func(func: Any) -> ConvMatch | NoMatch:
+def match_conv_func(func: PrimFunc) -> ConvMatch | NoMatch:
     m = _convolution(func, _conv_block)
     if isinstance(m, NoMatch):
         return m
@@ -219,7 +224,7 @@ def match_conv_func(func: Any) -> ConvMatch | NoMatch:
     return ConvMatch(conv.name_hint, pad, padded, layout, out, c, epilogue)
 
 
-def match_depthwise_func(func: Any) -> DepthwiseMatch | NoMatch:
+def match_depthwise_func(func: PrimFunc) -> DepthwiseMatch | NoMatch:
     m = _convolution(func, _depthwise_block)
     if isinstance(m, NoMatch):
         return m

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from schedules.match import (
     COMM_REDUCE,
@@ -28,7 +28,7 @@ from schedules.match import (
     is_var,
     loads,
 )
-from tuner.core.tvm_api import tvm
+from tuner.core.tvm_api import Expr, PrimFunc, SBlock, tvm
 from tuner.workloads import Workload
 
 SUM, ROW, ELEMENTWISE, COLUMN = "sum", "row", "elementwise", "column"
@@ -46,13 +46,13 @@ class NormMatch:
         return [name for name, k in self.kinds if k == kind]
 
 
-def _extents(b: Any) -> list[int] | None:
+def _extents(b: SBlock) -> list[int] | None:
     if not all(isinstance(iv.dom.extent, tvm.tirx.IntImm) for iv in b.iter_vars):
         return None
-    return [int(iv.dom.extent) for iv in b.iter_vars]
+    return [int(cast(tvm.tirx.IntImm, iv.dom.extent)) for iv in b.iter_vars]
 
 
-def _in_order(b: Any, expr: Any) -> bool:
+def _in_order(b: SBlock, expr: Expr) -> bool:
     """Every load in `expr` indexes with plain iterators of `b`, in the block's order."""
     its = [iv.var for iv in b.iter_vars]
     for ld in loads(expr):
@@ -62,7 +62,7 @@ def _in_order(b: Any, expr: Any) -> bool:
     return True
 
 
-def _kind(b: Any, rows: list[int], cols: int) -> str | None:
+def _kind(b: SBlock, rows: list[int], cols: int) -> str | None:
     """The block's kind for a [*rows, cols] normalisation, or None."""
     ext, st = _extents(b), b.body
     if ext is None or not isinstance(st, tvm.tirx.BufferStore):
@@ -86,11 +86,11 @@ def _kind(b: Any, rows: list[int], cols: int) -> str | None:
     return ROW if ext == rows else COLUMN if ext == [cols] else None
 
 
-def _at(indices: Any, its: list[Any]) -> bool:
+def _at(indices: list[Expr], its: list[tvm.tirx.Var]) -> bool:
     return len(indices) == len(its) and all(map(is_var, indices, its))
 
 
-def match_norm_func(func: Any) -> NormMatch | NoMatch:
+def match_norm_func(func: PrimFunc) -> NormMatch | NoMatch:
     blocks = child_blocks(func)
     if len(blocks) < 2:
         return NoMatch("fewer than two blocks: not a row normalisation")
@@ -98,13 +98,14 @@ def match_norm_func(func: Any) -> NormMatch | NoMatch:
     if len(set(names)) != len(names):
         return NoMatch("two blocks share a name")
     out = blocks[-1].body
-    params = list(func.params)
+    params = list(func.params)  # type: ignore[attr-defined]
     if not isinstance(out, tvm.tirx.BufferStore) or not any(out.buffer.same_as(p)
                                                             for p in params):
         return NoMatch("the last block does not write an output")
-    if str(out.buffer.dtype) != "float32" or len(out.buffer.shape) < 2:
+    if (str(out.buffer.dtype) != "float32"  # type: ignore[attr-defined]
+            or len(out.buffer.shape) < 2):  # type: ignore[attr-defined]
         return NoMatch("the output is not a float32 tensor of rows")
-    shape = [int(d) for d in out.buffer.shape]
+    shape = [int(d) for d in out.buffer.shape]  # type: ignore[attr-defined]
     rows, cols = shape[:-1], shape[-1]
     kinds: list[tuple[str, str]] = []
     per_row: list[Any] = []  # the buffers of row sums and per-row values

@@ -30,7 +30,7 @@ from schedules.match import (
     is_var,
     loads,
 )
-from tuner.core.tvm_api import tvm
+from tuner.core.tvm_api import PrimFunc, SBlock, tvm
 from tuner.workloads import Workload
 
 ACTIVATION_FNS = ("erf", "tanh", "sigmoid")  # those with a polynomial intrinsic
@@ -74,23 +74,23 @@ def activation_of(block: Any, fns: tuple[str, ...] = ACTIVATION_FNS) -> str | No
     return fn if same else None
 
 
-def _stores_at_iterators(b: Any) -> bool:
+def _stores_at_iterators(b: SBlock) -> bool:
     st, its = b.body, [iv.var for iv in b.iter_vars]
     return (isinstance(st, tvm.tirx.BufferStore) and len(st.indices) == len(its)
             and all(map(is_var, st.indices, its)))
 
 
-def _spatial(b: Any) -> bool:
+def _spatial(b: SBlock) -> bool:
     return b.init is None and all(int(iv.iter_type) == DATA_PAR for iv in b.iter_vars) \
         and all(isinstance(iv.dom.extent, tvm.tirx.IntImm) for iv in b.iter_vars)
 
 
-def _unique_names(blocks: list[Any]) -> bool:
+def _unique_names(blocks: list[SBlock]) -> bool:
     names = [b.name_hint for b in blocks]
     return len(set(names)) == len(names)
 
 
-def match_activation_func(func: Any) -> ActivationMatch | NoMatch:
+def match_activation_func(func: PrimFunc) -> ActivationMatch | NoMatch:
     blocks = child_blocks(func)
     if not blocks:
         return NoMatch("the function has no blocks")
@@ -105,7 +105,7 @@ def match_activation_func(func: Any) -> ActivationMatch | NoMatch:
         return NoMatch("no activation block (erf, tanh or sigmoid of one float32 load)"
                        if not acts else "more than one activation block")
     at, fn = acts[0]
-    params = list(func.params)
+    params = list(func.params)  # type: ignore[attr-defined]
     outputs = [b for b in blocks if any(b.body.buffer.same_as(p) for p in params)]
     if len(outputs) != 1 or not outputs[0].same_as(blocks[-1]):
         return NoMatch("the last block is not the one block writing an output")
@@ -145,7 +145,7 @@ def match_activation(workload: Workload) -> ActivationMatch | NoMatch:
     return cached_match(workload, "match:activation", match_activation_func)
 
 
-def _row_reduction(b: Any, combine: str) -> Any | str:
+def _row_reduction(b: SBlock, combine: str) -> tvm.ir.TensorLoad | str:
     """The input load of `R[*rows] = combine(R[*rows], X[*rows, k])`, or why the block is not
     that reduction over its last iterator."""
     kinds = [int(iv.iter_type) for iv in b.iter_vars]
@@ -164,7 +164,7 @@ def _row_reduction(b: Any, combine: str) -> Any | str:
     return v.b
 
 
-def match_softmax_func(func: Any) -> SoftmaxMatch | NoMatch:
+def match_softmax_func(func: PrimFunc) -> SoftmaxMatch | NoMatch:
     blocks = child_blocks(func)
     if len(blocks) < 4:
         return NoMatch("fewer than four blocks: not a softmax")
@@ -182,7 +182,8 @@ def match_softmax_func(func: Any) -> SoftmaxMatch | NoMatch:
             return NoMatch(f"block {b.name_hint} is not elementwise")
     its = [iv.var for iv in ex.iter_vars]
     v = ex.body.value
-    if not (isinstance(v, tvm.ir.Call) and str(v.op.name).endswith(".exp")
+    if not (isinstance(v, tvm.ir.Call)
+            and str(v.op.name).endswith(".exp")  # type: ignore[attr-defined]
             and isinstance(v.args[0], tvm.tirx.Sub)
             and isinstance(v.args[0].a, tvm.ir.TensorLoad)
             and v.args[0].a.source.same_as(x.source) and all(map(is_var, v.args[0].a.indices, its))
@@ -206,10 +207,10 @@ def match_softmax_func(func: Any) -> SoftmaxMatch | NoMatch:
                 and len(ld.indices) == len(its) and all(map(is_var, ld.indices, its))):
             return NoMatch(f"block {b.name_hint} after the softmax is not a plain copy")
         prev = b.body.buffer
-    params = list(func.params)
+    params = list(func.params)  # type: ignore[attr-defined]
     if not any(prev.same_as(p) for p in params) or not any(x.source.same_as(p) for p in params):
         return NoMatch("the softmax does not read an input and write an output")
-    if any(str(buf.dtype) != "float32" for buf in (x.source, prev)):
+    if any(str(buf.dtype) != "float32" for buf in (x.source, prev)):  # type: ignore[union-attr]
         return NoMatch("the softmax is not float32")
     shape = [int(d) for d in prev.shape]
     return SoftmaxMatch(mx.name_hint, ex.name_hint, sm.name_hint, nm.name_hint, len(copies),

@@ -66,7 +66,7 @@ from schedules.softmax import (
     softmax_lanes,
     tree_rfactor,
 )
-from tuner.core.tvm_api import ms
+from tuner.core.tvm_api import LoopRV, SBlockRV, Schedule, Target, ms
 from tuner.workloads import Workload
 
 MAX_ROWS_PER_TASK = 16
@@ -76,7 +76,7 @@ SUMS = ("divisors", "tail")
 TAIL_ACCUMULATORS = ("1", "2")  # 4 (64 partials) measured slower on a row of 1026
 
 
-def norm_lanes(cols: int, target: Any) -> int:
+def norm_lanes(cols: int, target: Target) -> int:
     """fp32 lanes of the row loops: softmax's (the vector width, or 8 or 4, dividing the row);
     off that grid, the largest divisor of the row up to the vector width; 0 if it has none but 1."""
     return softmax_lanes(cols, target) or odd_lanes(cols, vector_lanes(target, 32))
@@ -109,14 +109,14 @@ def partial_count(cols: int, width: int, accumulators: str) -> int:
     return odd_lanes(cols, most)
 
 
-def _peeled_vectors(sch: Any, steps: Any, vector: Any) -> None:
+def _peeled_vectors(sch: Schedule, steps: LoopRV, vector: LoopRV) -> None:
     """A loop split into `steps` of one `vector` (the last one partial, under the split's
     predicate): that step peeled off by LoopPartition, so that the others are plain vectors."""
     sch.annotate(steps, "pragma_loop_partition_hint", 1)
     sch.vectorize(vector)
 
 
-def partial_sums(sch: Any, block: Any, partials: int, rows: int) -> list[Any]:
+def partial_sums(sch: Schedule, block: SBlockRV, partials: int, rows: int) -> list[SBlockRV]:
     """The rfactor blocks of a row sum reduced as `partials` vector lanes (consumer first): a
     halving tree for a power of two (`tree_rfactor`), else one rfactor block whose lanes
     `block` then sums serially."""
@@ -159,7 +159,7 @@ class NormX86(StructuralTemplate):
                                    "whole vectors and a predicated last one"),
     )
 
-    def why_not(self, workload: Workload, target: Any) -> str | None:
+    def why_not(self, workload: Workload, target: Target) -> str | None:
         m = match_norm(workload)
         if not isinstance(m, NormMatch):
             return m.reason
@@ -191,7 +191,7 @@ class NormX86(StructuralTemplate):
                 or (v["sums"] == "tail" and v["accumulators"] in TAIL_ACCUMULATORS
                     and tail_form(m.cols, v["accumulators"]) and v["normalise"] == "vector")]
 
-    def schedule(self, sch: Any, workload: Workload, target: Any, *,
+    def schedule(self, sch: Schedule, workload: Workload, target: Target, *,
                  accumulators: str, normalise: str = "vector", sums: str = "divisors") -> None:
         m = match_norm(workload)
         assert isinstance(m, NormMatch), m
@@ -214,7 +214,7 @@ class NormX86(StructuralTemplate):
         out = sch.get_sblock(out_name)
         *leading, i, j = sch.get_loops(out)
         r0, r1 = self.split(sch, "rows", i)
-        sch.parallel(sch.fuse(*leading, r0) if leading else r0)
+        sch.parallel(sch.fuse(*leading, r0) if leading else r0)  # type: ignore[arg-type]
         # consumers first: each block moves under r1 after everything that reads it
         for name, kind in reversed(m.kinds[:-1]):
             if kind == ROW:
@@ -238,9 +238,10 @@ class NormX86(StructuralTemplate):
         for chain in chains.values():
             # loops under r1: row, reduced, one per lane bit (rf stage s has s + 1 bits)
             for bits, rf in enumerate(chain[1:], start=1):
-                sch.vectorize(sch.fuse(*sch.get_loops(rf)[-bits:]))
+                sch.vectorize(sch.fuse(*sch.get_loops(rf)[-bits:]))  # type: ignore[arg-type]
 
-    def _schedule_tail(self, sch: Any, m: NormMatch, target: Any, accumulators: str) -> None:
+    def _schedule_tail(self, sch: Schedule, m: NormMatch, target: Target,
+                       accumulators: str) -> None:
         """`sums` = "tail": each row sum a parallel pass of its own (rfactor at the root, where
         the split's predicate stays), in whole vectors and a predicated last one; the per-row
         values computed in the pass of the sum they follow; then the normalisation. The
@@ -250,10 +251,11 @@ class NormX86(StructuralTemplate):
         factors = self.tile(sch, "rows", i)  # one split of the rows for every pass
         unroll = self.sample(sch, "unroll")
 
-        def rows(loops: list[Any]) -> Any:  # [*leading, last row dimension]: the rows in parallel
+        # [*leading, last row dimension]: the rows in parallel
+        def rows(loops: list[LoopRV]) -> LoopRV:
             *lead, row = loops
-            r0, r1 = sch.split(row, factors)
-            sch.parallel(sch.fuse(*lead, r0) if lead else r0)
+            r0, r1 = sch.split(row, factors)  # type: ignore[arg-type]
+            sch.parallel(sch.fuse(*lead, r0) if lead else r0)  # type: ignore[arg-type]
             sch.annotate(r1, "pragma_auto_unroll_max_step", unroll)
             sch.annotate(r1, "pragma_unroll_explicit", 1)
             return r1
@@ -277,5 +279,5 @@ class NormX86(StructuralTemplate):
             elif kind == ROW and row is not None:
                 sch.reverse_compute_at(sch.get_sblock(name), row, preserve_unit_loops=True)
 
-    def mutators(self, target: Any) -> dict[Any, float]:
+    def mutators(self, target: Target) -> dict[ms.mutator.Mutator, float]:
         return {ms.mutator.MutateTileSize(): 1.0}

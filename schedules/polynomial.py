@@ -10,9 +10,8 @@ from __future__ import annotations
 
 import linecache
 from collections.abc import Callable
-from typing import Any
 
-from tuner.core.tvm_api import tvm
+from tuner.core.tvm_api import Expr, tvm
 
 T = tvm.script.tirx
 
@@ -34,12 +33,12 @@ _P = (1.9875691500e-4, 1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2, 1.6666
       5.0000001201e-1)
 
 
-def vexp(x: Any, lanes: int) -> Any:
+def vexp(x: Expr, lanes: int) -> Expr:
     """exp of a float32 vector expression: the polynomial described above."""
-    def bc(c: float) -> Any:
+    def bc(c: float) -> Expr:
         return T.broadcast(T.float32(c), lanes)
 
-    def body(x: Any) -> Any:
+    def body(x: tvm.tirx.Var) -> Expr:
         # n <= 127: 2^n stays a normal float (x near 88.72 has n = 128, f ~ -ln2/2 + ln2)
         return let(T.min(T.floor(x * bc(_LOG2E) + bc(0.5)), bc(127.0)), lambda n: let(
             x - n * bc(_LN2_HI) - n * bc(_LN2_LO), lambda f: (
@@ -53,10 +52,10 @@ def vexp(x: Any, lanes: int) -> Any:
     return let(T.max(T.min(x, bc(_EXP_HI)), bc(_EXP_LO)), body)
 
 
-def let(value: Any, body: Callable[[Any], Any]) -> Any:
+def let(value: Expr, body: Callable[[tvm.tirx.Var], Expr]) -> tvm.tirx.Let:
     """`body(v)` with v bound to `value` once (a Let): a value used several times is computed
     once, and the expression stays a tree of linear size for codegen."""
-    dtype = getattr(value, "dtype", None) or value.ty.dtype
+    dtype = getattr(value, "dtype", None) or value.ty.dtype  # type: ignore[attr-defined]
     var = tvm.tirx.Var("v", dtype)
     return tvm.tirx.Let(var, value, body(var))
 

@@ -12,13 +12,16 @@ build or measuring process needs, imports no template.
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 from schedules import naming
 from schedules.base import Template
 from schedules.naming import KnobNamer
 from tuner.core.errors import SpecError
 from tuner.workloads import Workload
+
+if TYPE_CHECKING:
+    from tuner.core.tvm_api import IRModule, Schedule, Target, Trace, ms
 
 AUTO = {"name": "auto", "kind": "generated", "ops": ["*"],
         "description": "MetaSchedule's generated space: multi-level tiling, inlining, "
@@ -58,7 +61,7 @@ class _Templates(Mapping[str, Template]):
 TEMPLATES: Mapping[str, Template] = _Templates()
 
 
-def replay(mod: Any, trace_json: str) -> Any:
+def replay(mod: IRModule, trace_json: str) -> Schedule:
     """A stored trace (JSON) replayed onto a fresh schedule of `mod`, in any process: registers
     the tensor intrinsics the trace names first (schedules/intrinsics.py). Every replay of a
     record goes through here."""
@@ -78,12 +81,12 @@ def space_names() -> list[str]:
     return [*TEMPLATES, "auto", "default"]
 
 
-def spaces_for(workload: Workload, target: Any) -> list[str]:
+def spaces_for(workload: Workload, target: Target) -> list[str]:
     """Names of the spaces that apply to `workload` on `target`, preferred first."""
     return [n for n, t in TEMPLATES.items() if t.applies(workload, target)] + ["auto"]
 
 
-def resolve(name: str, workload: Workload, target: Any) -> str:
+def resolve(name: str, workload: Workload, target: Target) -> str:
     """The concrete space name: "default" becomes the preferred space that generates a design
     space for the workload (a template that matches but fails on it, e.g. on an intermediate
     buffer it cannot inline, gives way to the next, and at last to "auto"); others are
@@ -102,7 +105,7 @@ def resolve(name: str, workload: Workload, target: Any) -> str:
 _GENERATES: dict[tuple[str, str, str], bool] = {}
 
 
-def _design_spaces(name: str, workload: Workload, target: Any) -> list[Any]:
+def _design_spaces(name: str, workload: Workload, target: Target) -> list[Schedule]:
     """Template `name`'s design spaces of `workload` on `target`, as MetaSchedule makes them."""
     from tuner.core import tvm_api as tv
 
@@ -111,7 +114,7 @@ def _design_spaces(name: str, workload: Workload, target: Any) -> list[Any]:
     return list(tv.design_spaces(ctx))
 
 
-def generates(name: str, workload: Workload, target: Any) -> bool:
+def generates(name: str, workload: Workload, target: Target) -> bool:
     """Whether template `name` generates a design space for `workload` on `target` (cached)."""
     key = (name, workload.key, str(target))
     if key not in _GENERATES:
@@ -124,7 +127,8 @@ def generates(name: str, workload: Workload, target: Any) -> bool:
     return _GENERATES[key]
 
 
-def space_generator(name: str, workload: Workload, target: Any) -> Any:
+def space_generator(name: str, workload: Workload,
+                    target: Target) -> ms.SpaceGenerator | Literal["post-order-apply"]:
     """The MetaSchedule SpaceGenerator (or its shorthand) for space `name`, already resolved
     (`resolve`, once per job: `tuner.search.task`); "default" is resolved here."""
     if name == "default":
@@ -137,7 +141,7 @@ def space_generator(name: str, workload: Workload, target: Any) -> Any:
 _NAMERS: dict[tuple[str, str, str], KnobNamer] = {}
 
 
-def knob_namer(name: str, workload: Workload, target: Any) -> KnobNamer:
+def knob_namer(name: str, workload: Workload, target: Target) -> KnobNamer:
     """Names the knob values of space `name`'s candidates for `workload` on `target` (cached):
     the template's design spaces generated once while their knob names are noted
     (schedules/naming.py); "auto" and a space that fails to generate name knobs by position."""
@@ -152,7 +156,8 @@ def knob_namer(name: str, workload: Workload, target: Any) -> KnobNamer:
             try:
                 with naming.recording() as notes:
                     designs = _design_spaces(name, workload, target)
-                spaces = [(naming.signature(naming.samples(tv.trace_to_json(d.trace))), names)
+                spaces = [(naming.signature(naming.samples(tv.trace_to_json(
+                    cast("Trace", d.trace)))), names)  # design spaces are traced
                           for d, names in zip(designs, notes, strict=True)]
             except (SpecError, RuntimeError, ValueError):
                 spaces = []
@@ -162,7 +167,7 @@ def knob_namer(name: str, workload: Workload, target: Any) -> KnobNamer:
     return _NAMERS[key]
 
 
-def search_strategy(name: str) -> Any:
+def search_strategy(name: str) -> ms.search_strategy.EvolutionarySearch:
     """The evolutionary search for space `name` (already resolved), sized for that space."""
     from tuner.core.tvm_api import ms
 
@@ -183,7 +188,7 @@ def describe(name: str, workload: Workload | None = None) -> dict[str, Any]:
     return TEMPLATES[name].describe(workload)
 
 
-def explain(workload: Workload, target: Any) -> list[dict[str, Any]]:
+def explain(workload: Workload, target: Target) -> list[dict[str, Any]]:
     """Every template for `workload` on `target`: whether it applies, and why not; then auto."""
     out = []
     for name, t in TEMPLATES.items():

@@ -31,7 +31,7 @@ from collections.abc import Callable
 from typing import Any
 
 from schedules.polynomial import let, pin_source, vexp
-from tuner.core.tvm_api import tvm
+from tuner.core.tvm_api import Expr, tvm
 
 T = tvm.script.tirx
 pin_source(__file__)
@@ -45,19 +45,21 @@ LANES = (4, 8, 16)
 ACCUMULATORS = 4
 
 
-def _bc(value: Any, lanes: int) -> Any:
-    return tvm.tirx.Broadcast(value, lanes)
+def _bc(value: Expr | int, lanes: int) -> tvm.tirx.Broadcast:
+    return tvm.tirx.Broadcast(value, lanes)  # type: ignore[arg-type]  # TVM converts ints
 
 
-def _reduce(x: Any, n: int, lanes: int, combine: Callable[[Any, Any], Any], identity: Any) -> Any:
+def _reduce(x: tvm.tirx.Buffer, n: int, lanes: int, combine: Callable[[Expr, Expr], Expr],
+            identity: Expr) -> Expr:
     """combine over x[0:n] (a Buffer) as one scalar expression."""
     vec = f"float32x{lanes}"
     full = n // lanes
-    loads = [x.vload([v * lanes], vec) for v in range(full)]
+    loads = [x.vload([v * lanes], vec) for v in range(full)]  # type: ignore[attr-defined]
     if n % lanes:
         covered = lanes - n % lanes  # lanes of the last vector the previous ones hold
-        loads.append(tvm.tirx.Select(tvm.tirx.Ramp(0, 1, lanes) >= _bc(covered, lanes),
-                                     x.vload([n - lanes], vec), _bc(identity, lanes)))
+        loads.append(tvm.tirx.Select(
+            tvm.tirx.Ramp(0, 1, lanes) >= _bc(covered, lanes),  # type: ignore[arg-type]
+            x.vload([n - lanes], vec), _bc(identity, lanes)))  # type: ignore[attr-defined]
     chains = loads[:ACCUMULATORS]
     for v, load in enumerate(loads[ACCUMULATORS:], start=ACCUMULATORS):
         chains[v % ACCUMULATORS] = combine(chains[v % ACCUMULATORS], load)
@@ -71,10 +73,10 @@ def _reduce(x: Any, n: int, lanes: int, combine: Callable[[Any, Any], Any], iden
     return acc
 
 
-def _halves(combine: Callable[[Any, Any], Any], width: int, v: Any) -> Any:
+def _halves(combine: Callable[[Expr, Expr], Expr], width: int, v: Expr) -> Expr:
     """combine(low half, high half) of a vector of 2 * width lanes."""
-    return combine(tvm.tirx.Shuffle([v], list(range(width))),
-                   tvm.tirx.Shuffle([v], list(range(width, 2 * width))))
+    return combine(tvm.tirx.Shuffle([v], list(range(width))),  # type: ignore[arg-type]
+                   tvm.tirx.Shuffle([v], list(range(width, 2 * width))))  # type: ignore[arg-type]
 
 
 def _combiner(kind: str) -> tuple[Callable[[Any, Any], Any], Any]:
@@ -158,10 +160,10 @@ def _exp_sub_intrin(lanes: int, n: int) -> tuple[Any, Any]:
 def _div_intrin(how: str, lanes: int, n: int) -> tuple[Any, Any]:
     """Y = E / S[0]: softmax's normalisation, by the reciprocal ("recip") or divided ("div")."""
     if how == "recip":
-        def vector(e: Any, s: Any) -> Any:
+        def vector(e: tvm.ir.ExprWithOp, s: Expr) -> Expr:
             return e * T.broadcast(T.float32(1.0) / s, lanes)
     else:
-        def vector(e: Any, s: Any) -> Any:
+        def vector(e: tvm.ir.ExprWithOp, s: Expr) -> Expr:
             return e / T.broadcast(s, lanes)
     return _elementwise_intrin(lambda e, s: e / s, vector, lanes, n)
 

@@ -31,14 +31,14 @@ not work there), under the same parallel row loop, one row per step.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import cast
 
 from schedules.base import StructuralTemplate, is_x86, vector_lanes
 from schedules.intrinsics import DIV_BCAST_F32, EXP_SUB_F32, use
 from schedules.knobs import Categorical, DesignSpace, Fixed, PerfectTile, knob_table
 from schedules.match_rows import SoftmaxMatch, match_softmax
 from schedules.row_intrinsics import MAX_ROW, ROW_DIV, ROW_EXP_SUB, ROW_MAX, ROW_SUM, row_fits
-from tuner.core.tvm_api import ms
+from tuner.core.tvm_api import SBlock, SBlockRV, Schedule, Target, ms
 from tuner.workloads import Workload
 
 MAX_ROWS_PER_STEP = 4
@@ -46,7 +46,7 @@ UNROLL = (0, 16, 64, 512)
 NORMS = ("reciprocal", "divide")  # one design space each
 
 
-def softmax_lanes(cols: int, target: Any) -> int:
+def softmax_lanes(cols: int, target: Target) -> int:
     """fp32 lanes for the row loops of `cols` columns: the target's vector width, or the largest
     of 8/4 that divides the row length; 0 if none does."""
     for lanes in (vector_lanes(target, 32), 8, 4):
@@ -55,7 +55,7 @@ def softmax_lanes(cols: int, target: Any) -> int:
     return 0
 
 
-def row_loops_problem(cols: int, target: Any) -> str | None:
+def row_loops_problem(cols: int, target: Target) -> str | None:
     """Why rows of `cols` columns get neither vector row loops nor, off the 4 grid, the
     whole-row intrinsics on `target` (None: they get one of them)."""
     if not is_x86(target):
@@ -67,7 +67,7 @@ def row_loops_problem(cols: int, target: Any) -> str | None:
     return None
 
 
-def tree_rfactor(sch: Any, block: Any, lanes: int, rows: int) -> list[Any]:
+def tree_rfactor(sch: Schedule, block: SBlockRV, lanes: int, rows: int) -> list[SBlockRV]:
     """Reduce `block` (a reduction over its last loop, `lanes` a power of two dividing it) as
     `lanes` vector partials followed by a halving tree: with k = k0 * lanes + l and l split into
     its bits b_{n-1} .. b_0, rfactor peels one bit at a time, so `block` reduces b_0 (2 -> 1),
@@ -76,7 +76,7 @@ def tree_rfactor(sch: Any, block: Any, lanes: int, rows: int) -> list[Any]:
     Every rf buffer is [*rows, bits...] (`rows` leading dimensions): the lanes of a row are
     contiguous. Returns the rfactor blocks, consumer first."""
     bits = lanes.bit_length() - 1
-    sch.split(sch.get_loops(block)[-1], [None] + [2] * bits)
+    sch.split(sch.get_loops(block)[-1], [None] + [2] * bits)  # type: ignore[arg-type]
     chain, cur = [], block
     for s in range(bits):
         cur = sch.rfactor(sch.get_loops(cur)[-1 - s], factor_axis=rows)
@@ -84,10 +84,10 @@ def tree_rfactor(sch: Any, block: Any, lanes: int, rows: int) -> list[Any]:
     return chain
 
 
-def iters_row_red_lanes(sch: Any, block: Any, rows: int) -> None:
+def iters_row_red_lanes(sch: Schedule, block: SBlockRV, rows: int) -> None:
     """Order the block iters of an rfactor block as (rows..., reduced..., lane bits...), so that
     the loops compute_at creates come in that order."""
-    b = sch.get(block)
+    b = cast(SBlock, sch.get(block))
     region = b.writes[0].region  # rf buffer [*rows, bits...]
     lanes = [r.min for r in region[rows:]]
     order_lane = [i for v in lanes for i, iv in enumerate(b.iter_vars) if iv.var.same_as(v)]
@@ -121,7 +121,7 @@ class SoftmaxX86(StructuralTemplate):
                     doc="vector width of every row loop"),
     )
 
-    def why_not(self, workload: Workload, target: Any) -> str | None:
+    def why_not(self, workload: Workload, target: Target) -> str | None:
         m = match_softmax(workload)
         if not isinstance(m, SoftmaxMatch):
             return m.reason
@@ -132,7 +132,7 @@ class SoftmaxX86(StructuralTemplate):
         assert isinstance(m, SoftmaxMatch)
         return {"rows": m.last_rows}
 
-    def schedule(self, sch: Any, workload: Workload, target: Any, *, norm: str) -> None:
+    def schedule(self, sch: Schedule, workload: Workload, target: Target, *, norm: str) -> None:
         m = match_softmax(workload)
         assert isinstance(m, SoftmaxMatch), m
         lanes = softmax_lanes(m.cols, target)
@@ -154,7 +154,7 @@ class SoftmaxX86(StructuralTemplate):
         r0, r1, _ = self.split(sch, "rows", i)
         # more row dimensions (relax's [batch, heads, rows, cols]): the outer ones run in
         # parallel with r0 (splitting a fused row loop would leave bindings tensorize rejects)
-        sch.parallel(sch.fuse(*leading, r0) if leading else r0)
+        sch.parallel(sch.fuse(*leading, r0) if leading else r0)  # type: ignore[arg-type]
         # consumers first: each block moves under r1 after everything that reads it
         for block in [sum_block, *sum_rfs, sch.get_sblock(m.exp_block), max_block, *max_rfs]:
             sch.compute_at(block, r1, preserve_unit_loops=True)
@@ -170,12 +170,12 @@ class SoftmaxX86(StructuralTemplate):
         for stage, rf in enumerate([*max_rfs, *sum_rfs]):
             # loops under r1: row, reduced, one per lane bit (stage s of a chain has s + 1 bits)
             n_bits = stage % len(max_rfs) + 1
-            lane = sch.fuse(*sch.get_loops(rf)[-n_bits:])
+            lane = sch.fuse(*sch.get_loops(rf)[-n_bits:])  # type: ignore[arg-type]
             sch.vectorize(lane)
         sch.annotate(sch.get_sblock("root"), "meta_schedule.unroll_explicit",
                      self.sample(sch, "unroll"))
 
-    def _whole_rows(self, sch: Any, m: SoftmaxMatch, target: Any, norm: str) -> None:
+    def _whole_rows(self, sch: Schedule, m: SoftmaxMatch, target: Target, norm: str) -> None:
         """The schedule for rows no vector width divides: the same parallel row loop, one row
         per step (the rows knob's r1 x r2), each step's four blocks tensorized over the row."""
         lanes, n = vector_lanes(target, 32), m.cols
@@ -184,8 +184,9 @@ class SoftmaxX86(StructuralTemplate):
             sch.reverse_compute_inline(sch.get_consumers(norm_block)[0])
         *leading, i, j = sch.get_loops(norm_block)
         r0, r1, r2 = self.split(sch, "rows", i)
-        sch.parallel(sch.fuse(*leading, r0) if leading else r0)
-        row = sch.fuse(r1, r2)  # several rows under one loop fail tensorize's buffer matching
+        sch.parallel(sch.fuse(*leading, r0) if leading else r0)  # type: ignore[arg-type]
+        # several rows under one loop fail tensorize's buffer matching
+        row = sch.fuse(r1, r2)  # type: ignore[arg-type]
         for name in (m.sum_block, m.exp_block, m.max_block):
             sch.compute_at(sch.get_sblock(name), row, preserve_unit_loops=True)
         how = "recip" if norm == "reciprocal" else "div"
@@ -197,5 +198,5 @@ class SoftmaxX86(StructuralTemplate):
         sch.annotate(sch.get_sblock("root"), "meta_schedule.unroll_explicit",
                      self.sample(sch, "unroll"))
 
-    def mutators(self, target: Any) -> dict[Any, float]:
+    def mutators(self, target: Target) -> dict[ms.mutator.Mutator, float]:
         return {ms.mutator.MutateTileSize(): 0.8, ms.mutator.MutateUnroll(): 0.2}

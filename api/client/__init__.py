@@ -16,7 +16,7 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, Self
 
 import httpx
@@ -28,7 +28,8 @@ log = logging.getLogger(__name__)
 TERMINAL = frozenset({"SUCCEEDED", "FAILED", "CANCELLED"})
 
 
-def wait_ready(base_url: str, *, timeout_s: float = 60.0, alive: Any = None) -> bool:
+def wait_ready(base_url: str, *, timeout_s: float = 60.0,
+               alive: Callable[[], bool] | None = None) -> bool:
     """Poll `GET /readyz` until the API answers 200 (True), `timeout_s` passes or `alive()`
     (e.g. the server process's `poll() is None`) turns false (False)."""
     deadline = time.monotonic() + timeout_s
@@ -89,7 +90,7 @@ class Client:
     # --- plumbing -----------------------------------------------------------------------------
 
     def _request(self, method: str, path: str, *, idempotent: bool = True,
-                 **kw: Any) -> Any:
+                 **kw: Any) -> object:
         attempts = 1 + (self.retries if idempotent else 0)
         for attempt in range(attempts):
             try:

@@ -14,10 +14,10 @@ and the build keeps its default loops. Committing raises: tuning goes through jo
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, cast
 
 from schedules.registry import replay
-from tuner.core.tvm_api import derived_object, ms, target_to_dict
+from tuner.core.tvm_api import IRModule, Target, Trace, derived_object, ms, target_to_dict
 from tuner.workloads.identity import identity_hash
 
 from . import ApiError, Client
@@ -33,9 +33,9 @@ class RemoteDatabase(ms.database.PyDatabase):
         super().__init__()
         self.client = client or Client(base_url, token)
         self.device_key = device_key
-        self._answers: dict[tuple[str, str], Any] = {}
+        self._answers: dict[tuple[str, str], dict[str, Any] | None] = {}
 
-    def _best(self, mod: Any, target: Any) -> dict[str, Any] | None:
+    def _best(self, mod: IRModule, target: Target) -> dict[str, Any] | None:
         t = target_to_dict(target)
         t.pop("host", None)  # records are stored for the bare target
         key = (f"tir-{identity_hash(mod)}", json.dumps(t, sort_keys=True))
@@ -48,7 +48,8 @@ class RemoteDatabase(ms.database.PyDatabase):
                 self._answers[key] = None
         return self._answers[key]
 
-    def query_tuning_record(self, mod: Any, target: Any, workload_name: str | None = None) -> Any:
+    def query_tuning_record(self, mod: IRModule, target: Target,
+                            workload_name: str | None = None) -> ms.database.TuningRecord | None:
         rec = self._best(mod, target)
         if rec is None:
             return None
@@ -57,23 +58,25 @@ class RemoteDatabase(ms.database.PyDatabase):
             sch = replay(mod, trace_json)  # registers the tensor intrinsics the trace names
         except Exception:  # recorded on another spelling whose block names differ: no answer
             return None
-        return ms.database.TuningRecord(
-            sch.trace, ms.database.Workload(mod), [float(x) for x in rec["latencies_s"]],
+        return ms.database.TuningRecord(  # a replayed schedule is traced
+            cast(Trace, sch.trace), ms.database.Workload(mod),
+            [float(x) for x in rec["latencies_s"]],
             target, ms.arg_info.ArgInfo.from_entry_func(mod, remove_preproc=True))
 
-    def has_workload(self, mod: Any) -> bool:
+    def has_workload(self, mod: IRModule) -> bool:
         return False  # only queries with a target are answered
 
-    def commit_workload(self, mod: Any) -> Any:
+    def commit_workload(self, mod: IRModule) -> ms.database.Workload:
         raise NotImplementedError("RemoteDatabase is read-only: tune through the service's jobs")
 
-    def commit_tuning_record(self, record: Any) -> None:
+    def commit_tuning_record(self, record: ms.database.TuningRecord) -> None:
         raise NotImplementedError("RemoteDatabase is read-only: tune through the service's jobs")
 
-    def get_top_k(self, workload: Any, top_k: int) -> list[Any]:
+    def get_top_k(self, workload: ms.database.Workload,
+                  top_k: int) -> list[ms.database.TuningRecord]:
         return []
 
-    def get_all_tuning_records(self) -> list[Any]:
+    def get_all_tuning_records(self) -> list[ms.database.TuningRecord]:
         return []
 
     def __len__(self) -> int:

@@ -220,3 +220,20 @@ def test_a_task_without_a_valid_program_is_given_up_after_three_rounds(store: St
     assert rounds.count(0) == 3 and rounds.count(1) == 7, rounds  # 40 trials: 10 rounds of 4
     row = mj.get_model(store, model.id)
     assert row.state is JobState.SUCCEEDED and row.message == BUDGET_SPENT and row.spent == 40
+
+
+def test_a_model_job_changes_state_only_as_its_state_machine_allows() -> None:
+    """`ModelJob.move_to` is `Job.move_to`'s machine: time stamps, reopening, a refusal."""
+    from tuner.core.errors import Conflict
+    from tuner.db import tables as m
+
+    t0, t1, t2 = (m.utcnow() for _ in range(3))
+    row = m.ModelJob(id="mj", state=JobState.QUEUED.value)
+    row.move_to(JobState.RUNNING, now=t0)
+    assert (row.state, row.started_at, row.finished_at) == ("RUNNING", t0, None)
+    row.move_to(JobState.CANCELLED, now=t1)
+    assert (row.state, row.started_at, row.finished_at) == ("CANCELLED", t0, t1)
+    with pytest.raises(Conflict, match="model job mj is CANCELLED"):
+        row.move_to(JobState.RUNNING, now=t2)
+    row.move_to(JobState.RUNNING, now=t2, reopen=True)
+    assert (row.state, row.started_at, row.finished_at) == ("RUNNING", t0, None)

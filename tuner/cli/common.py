@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Any, NoReturn
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
 from rich.console import Console
@@ -17,6 +17,10 @@ from rich.text import Text
 
 from tuner.core.config import get_settings
 from tuner.core.errors import TunefarmError
+
+if TYPE_CHECKING:
+    from tuner.db.store import Store
+    from tuner.workloads import Workload
 
 # no markup: what the commands print holds text from outside (shapes, target dicts, file and token
 # names, device keys, messages from the API), which rich would read as style tags ("[local]"
@@ -47,7 +51,7 @@ WallBudgetOpt = Annotated[float | None, typer.Option(
     help="Stop after this many seconds (a model: start no new round after them).")]
 
 
-def open_store(db: str | None) -> Any:
+def open_store(db: str | None) -> Store:
     """The tuning database at `db` (default: the settings' URL), migrated if needed."""
     from tuner.db.store import Store
 
@@ -55,7 +59,7 @@ def open_store(db: str | None) -> Any:
 
 
 def workload_arg(op: str, shape: str | None, params: list[str] | None,
-                 tvmscript: Path | None) -> Any:
+                 tvmscript: Path | None) -> Workload:
     """The workload the command line names (op, --shape, -p key=value, --tvmscript)."""
     from tuner.core.errors import SpecError
     from tuner.workloads import from_cli, parse_spec

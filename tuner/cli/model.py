@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, cast
 
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -28,6 +28,10 @@ from tuner.cli.common import (
 from tuner.cli.service_jobs import TERMINAL, TokenOpt, client_token
 from tuner.core.config import get_settings
 from tuner.core.errors import SpecError, TunefarmError
+
+if TYPE_CHECKING:
+    from tuner.core.tvm_api import ms
+    from tuner.search.request import Progress as SearchProgress
 
 ModelArg = Annotated[Path, typer.Argument(
     help="A torch.export program (.pt2), a Python file with model() [and example_inputs()], "
@@ -127,7 +131,7 @@ def tune_model(
 
     rounds: dict[int, Any] = {}  # round -> its bar
 
-    def on_trial(rnd: int, name: str, p: Any) -> None:  # a live bar per round
+    def on_trial(rnd: int, name: str, p: SearchProgress) -> None:  # a live bar per round
         if rnd not in rounds:
             rounds[rnd] = bars.add_task(f"round {rnd} {name}", total=p.total, best="-")
         bars.update(rounds[rnd], completed=p.done, total=p.total, best=fmt_s(p.best_s))
@@ -221,7 +225,7 @@ def build(
 
     try:
         tgt = target_arg(target)
-        database: Any
+        database: ms.database.PyDatabase
         if api is not None:
             from api.client.ms_database import RemoteDatabase
 
@@ -231,8 +235,9 @@ def build(
 
             # the record `tunefarm best` and GET /v1/best show: the fastest by median time
             database = TunefarmDatabase(open_store(db), device_key, ranking="median")
-        built = build_model(load_model(model), tgt, database, fast_math=fast_math,
-                            dtype=_dtype(dtype))
+        # `derived_object` makes either a MetaSchedule Database
+        built = build_model(load_model(model), tgt, cast("ms.database.Database", database),
+                            fast_math=fast_math, dtype=_dtype(dtype))
     except TunefarmError as exc:
         fail(exc)
     except (ApiError, RuntimeError) as exc:  # RuntimeError: an ApiError raised across TVM's FFI

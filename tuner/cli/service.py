@@ -13,7 +13,8 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Annotated, Any
+from types import FrameType
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.text import Text
@@ -33,6 +34,9 @@ from tuner.cli.service_jobs import ApiOpt, TokenOpt, client_token
 from tuner.cli.tokens import token_file, up_tokens
 from tuner.core.config import Settings, get_settings
 from tuner.core.errors import TunefarmError
+
+if TYPE_CHECKING:
+    from api.client import Client
 
 RedisOpt = Annotated[str | None, typer.Option(
     "--redis", help="Redis URL (default: TUNEFARM_REDIS_URL).")]
@@ -149,7 +153,7 @@ def worker(
 def _job_body(op: str, shape: str | None, param: list[str] | None, tvmscript: Path | None,
               target: str, **rest: Any) -> dict[str, Any]:
     wl = common.workload_arg(op, shape, param, tvmscript)  # checked here; the server again
-    tgt: Any = target if target.strip() == "host" else json.loads(target)
+    tgt: object = target if target.strip() == "host" else json.loads(target)
     return {"workload": wl.spec, "target": tgt, **{k: v for k, v in rest.items() if v is not None}}
 
 
@@ -192,7 +196,7 @@ def submit(
     service_jobs.finish(client, job)
 
 
-def _warn_without_workers(client: Any, device_key: str) -> None:
+def _warn_without_workers(client: Client, device_key: str) -> None:
     """Say so when no live worker serves the job's device key (it would wait, then fail)."""
     from api.client import ApiError
 
@@ -290,7 +294,7 @@ def _relay(name: str, proc: subprocess.Popen[bytes]) -> threading.Thread:
 def _wait(procs: dict[str, subprocess.Popen[bytes]]) -> None:
     stop = {"now": False}
 
-    def on_signal(signum: int, _frame: Any) -> None:
+    def on_signal(signum: int, _frame: FrameType | None) -> None:
         stop["now"] = True
 
     for sig in (signal.SIGTERM, signal.SIGINT):  # SIGINT too: it may arrive ignored

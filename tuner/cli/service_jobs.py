@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Annotated, Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -20,6 +21,11 @@ from rich.table import Table
 from tuner.cli.common import console, err, fail, fmt_s
 from tuner.core.config import get_settings
 from tuner.core.errors import TunefarmError
+
+if TYPE_CHECKING:
+    from api.client import Client
+
+T = TypeVar("T")
 
 ApiOpt = Annotated[str | None, typer.Option(
     "--api", help="API base URL (default: TUNEFARM_API_URL).")]
@@ -42,13 +48,13 @@ def client_token(token: str | None) -> str:
     return tok
 
 
-def client(api: str | None, token: str | None) -> Any:
+def client(api: str | None, token: str | None) -> Client:
     from api.client import Client
 
     return Client(api or get_settings().api_url, client_token(token))
 
 
-def _calling(what: Any) -> Any:
+def _calling(what: Callable[[], T]) -> T:
     """`what()`, an API error a one-line failure."""
     from api.client import ApiError
 
@@ -93,7 +99,7 @@ def cancel(job_id: JobIdArg, api: ApiOpt = None, token: TokenOpt = None) -> None
     console.print(f"job {job['id']}: {job['state']}", highlight=False)
 
 
-def finish(c: Any, job: dict[str, Any]) -> None:
+def finish(c: Client, job: dict[str, Any]) -> None:
     """Follow `job` to its end, print how it ended, exit 0 if it succeeded. Ctrl-C detaches."""
     try:
         final = job if job["state"] in TERMINAL else _follow(c, job)
@@ -110,7 +116,7 @@ def finish(c: Any, job: dict[str, Any]) -> None:
     raise typer.Exit(0 if final["state"] == "SUCCEEDED" else 1)
 
 
-def _follow(c: Any, job: dict[str, Any]) -> dict[str, Any]:
+def _follow(c: Client, job: dict[str, Any]) -> dict[str, Any]:
     columns = [TextColumn("[bold blue]{task.fields[state]}"), BarColumn(), MofNCompleteColumn(),
                TextColumn("best {task.fields[best]}  {task.fields[gflops]} GFLOPS"),
                TimeElapsedColumn()]

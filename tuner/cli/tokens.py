@@ -7,13 +7,16 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from tuner.cli.common import DbOpt, console, err, fail, open_store
 from tuner.core.config import get_settings, private_dir
 from tuner.core.errors import TunefarmError
+
+if TYPE_CHECKING:
+    from tuner.db.store import Store
 
 
 def token_file() -> Path:
@@ -36,7 +39,7 @@ def _write_secret(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def _saved_token(store: Any, path: Path, scope: str, device_key: str | None) -> str | None:
+def _saved_token(store: Store, path: Path, scope: str, device_key: str | None) -> str | None:
     """The token saved at `path` if it still authenticates with `scope` (and `device_key`),
     for a day more at least."""
     from datetime import timedelta
@@ -56,7 +59,7 @@ def _saved_token(store: Any, path: Path, scope: str, device_key: str | None) -> 
     return tok
 
 
-def up_tokens(store: Any, data_dir: Path, device_key: str | None = None
+def up_tokens(store: Store, data_dir: Path, device_key: str | None = None
               ) -> tuple[dict[str, str], bool]:
     """The user and worker tokens of `tunefarm up`, saved in `data_dir` (`token`,
     `worker-token`, mode 0600): the saved ones while they authenticate (unrevoked, unexpired,

@@ -7,7 +7,7 @@ import dataclasses
 import json
 import sys
 import time
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -37,6 +37,9 @@ from tuner.cli.common import (
 )
 from tuner.core.config import get_settings
 from tuner.core.errors import TunefarmError
+
+if TYPE_CHECKING:
+    from tuner.search.request import Progress as SearchProgress
 
 
 def tune(
@@ -97,7 +100,7 @@ def tune(
     with Progress(*columns, console=out, transient=False) as bar, measurer:
         task = bar.add_task("tune", total=trials, best="-", rate="-", last="")
 
-        def on_progress(p: Any) -> None:
+        def on_progress(p: SearchProgress) -> None:
             last = "" if p.last is None else str(p.last.invalidity)
             bar.update(task, completed=p.done, best=fmt_s(p.best_s), rate=rate_of(p.best_s),
                        last=p.message or last)

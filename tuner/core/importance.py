@@ -20,7 +20,7 @@ from typing import Any
 MIN_POINTS = 4  # fewer valid measurements: nothing is estimated
 
 
-def _key(v: Any) -> str:
+def _key(v: object) -> str:
     return json.dumps(v, sort_keys=True)
 
 

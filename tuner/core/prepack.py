@@ -20,7 +20,7 @@ and pipeline as compile-time packing. A pipeline of relax's own (`MetaScheduleAp
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 from tuner.core import tvm_api as tv
 
@@ -32,8 +32,8 @@ PADDED_PREPROC = "tunefarm.padded_layout_rewrite_preproc"
 Step = tuple[str, list[Any], Any]
 
 
-def split(func: Any, arg_specs: list[tuple[str, tuple[int, ...], str]],
-          n_inputs: int) -> tuple[Any, list[Step], Any]:
+def split(func: tv.PrimFunc, arg_specs: list[tuple[str, tuple[int, ...], str]],
+          n_inputs: int) -> tuple[tv.IRModule, list[Step], tv.relax.Var]:
     """(the split IRModule, its call steps in order, the returned var) for the PrimFunc `func`
     whose parameters are `arg_specs` (name, shape, dtype), the first `n_inputs` inputs. Without
     a layout-rewrite block there is one step: the function itself. Padded packings are split too
@@ -41,12 +41,14 @@ def split(func: Any, arg_specs: list[tuple[str, tuple[int, ...], str]],
     relax = tv.tvm.relax
     func = _marked(func)
     bb = relax.BlockBuilder()
-    params = [relax.Var(name, relax.TensorType(shape, dt))
+    params = [relax.Var(name, relax.TensorType(shape, dt))  # type: ignore[arg-type]
               for name, shape, dt in arg_specs[:n_inputs]]
     with bb.function("main", params):
         gv = bb.add_func(func.without_attr("global_symbol"), "kernel")
-        outs = [relax.TensorType(shape, dt) for _, shape, dt in arg_specs[n_inputs:]]
-        res = bb.emit(relax.call_tir(gv, params, outs[0] if len(outs) == 1 else outs))
+        outs = [relax.TensorType(shape, dt)  # type: ignore[arg-type]
+                for _, shape, dt in arg_specs[n_inputs:]]
+        res = bb.emit(relax.call_tir(gv, params,  # type: ignore[arg-type]
+                                     outs[0] if len(outs) == 1 else outs))
         bb.emit_func_output(res)
     mod = relax.transform.SplitLayoutRewritePreproc()(bb.get())
     main = mod["main"]
@@ -57,8 +59,8 @@ def split(func: Any, arg_specs: list[tuple[str, tuple[int, ...], str]],
         for b in block.bindings:
             v = b.value
             if isinstance(v, relax.Call) and v.op.same_as(call_tir):
-                args = [alias.get(a, a) for a in v.args[1].fields]
-                steps.append((v.args[0].name_hint, args, b.var))
+                args = [alias.get(a, a) for a in cast(tv.relax.Tuple, v.args[1]).fields]
+                steps.append((cast(tv.relax.GlobalVar, v.args[0]).name_hint, args, b.var))
             elif isinstance(v, relax.Var):
                 alias[b.var] = alias.get(v, v)
             elif isinstance(v, relax.TupleGetItem):  # one of a packing's several outputs
@@ -72,11 +74,11 @@ def split(func: Any, arg_specs: list[tuple[str, tuple[int, ...], str]],
     return mod, steps, ret
 
 
-def kernel(mod: Any) -> Any:
+def kernel(mod: tv.IRModule) -> tv.IRModule:
     """The IRModule of `mod`'s kernel alone ("main"): its weight-packing blocks dropped and each
     packed weight taken as a parameter in place of the weight. `mod` as it is without them."""
     sch = tv.Schedule(mod)
-    blocks = [sch.get(b) for b in sch.get_child_blocks(sch.get_sblock("root"))]
+    blocks = [cast(tv.SBlock, sch.get(b)) for b in sch.get_child_blocks(sch.get_sblock("root"))]
     if not any(PADDED_PREPROC in b.annotations for b in blocks):
         return tv.strip_layout_rewrite(mod)  # TVM's pass: plain copies
     func = mod["main"]
@@ -90,10 +92,10 @@ def kernel(mod: Any) -> Any:
     return tv.tvm.IRModule({"main": split_mod[steps[-1][0]].with_attr("global_symbol", "main")})
 
 
-def mark_padded(mod: Any) -> Any:
+def mark_padded(mod: tv.IRModule) -> tv.IRModule:
     """The relax module `mod` (schedules applied) with the padded packings of its PrimFuncs
     marked `meta_schedule.layout_rewrite_preproc`, for relax's `SplitLayoutRewritePreproc`."""
-    for gv, func in list(mod.functions.items()):
+    for gv, func in list(mod.functions.items()):  # type: ignore[attr-defined]
         if isinstance(func, tv.tvm.tirx.PrimFunc):
             marked = _marked(func)
             if not marked.same_as(func):
@@ -101,11 +103,11 @@ def mark_padded(mod: Any) -> Any:
     return mod
 
 
-def _marked(func: Any) -> Any:
+def _marked(func: tv.PrimFunc) -> tv.PrimFunc:
     """`func` with its `PADDED_PREPROC` blocks marked as MetaSchedule's packing blocks."""
     sch = tv.Schedule(tv.tvm.IRModule({"main": func}))
     padded = [b for b in sch.get_child_blocks(sch.get_sblock("root"))
-              if PADDED_PREPROC in sch.get(b).annotations]
+              if PADDED_PREPROC in cast(tv.SBlock, sch.get(b)).annotations]
     for b in padded:
         sch.unannotate(b, PADDED_PREPROC)
         sch.annotate(b, PREPROC, True)

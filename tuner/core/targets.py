@@ -32,16 +32,16 @@ _FEATURE = re.compile(r"feature\.[a-z0-9_]{1,32}")
 MAX_MATTRS = 32
 
 
-def _str(pattern: re.Pattern[str], what: str) -> Callable[[str, Any, int], None]:
-    def check(field: str, value: Any, _max_cores: int) -> None:
+def _str(pattern: re.Pattern[str], what: str) -> Callable[[str, object, int], None]:
+    def check(field: str, value: object, _max_cores: int) -> None:
         if not isinstance(value, str) or not pattern.fullmatch(value):
             raise TargetError(f"{value!r} is not {what}", field=field)
     return check
 
 
-def _int(lo: int, hi: int | None = None) -> Callable[[str, Any, int], None]:
+def _int(lo: int, hi: int | None = None) -> Callable[[str, object, int], None]:
     """An integer in lo..hi (hi None: the request's core bound)."""
-    def check(field: str, value: Any, max_cores: int) -> None:
+    def check(field: str, value: object, max_cores: int) -> None:
         top = max_cores if hi is None else hi
         if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= top:
             raise TargetError(f"must be an integer from {lo} to {top}, not {value!r}",
@@ -49,7 +49,7 @@ def _int(lo: int, hi: int | None = None) -> Callable[[str, Any, int], None]:
     return check
 
 
-def _mattr(field: str, value: Any, _max_cores: int) -> None:
+def _mattr(field: str, value: object, _max_cores: int) -> None:
     if not isinstance(value, list) or len(value) > MAX_MATTRS:
         raise TargetError(f"must be a list of at most {MAX_MATTRS} features such as '+neon'",
                           field=field)
@@ -58,25 +58,25 @@ def _mattr(field: str, value: Any, _max_cores: int) -> None:
             raise TargetError(f"{feature!r} is not a feature ('+name' or '-name')", field=field)
 
 
-def _keys(field: str, value: Any, _max_cores: int) -> None:
+def _keys(field: str, value: object, _max_cores: int) -> None:
     if (not isinstance(value, list) or not value
             or not all(isinstance(k, str) and k in _KEYS for k in value)):
         raise TargetError(f"must be a list drawn from {sorted(_KEYS)}", field=field)
 
 
-def _empty_tag(field: str, value: Any, _max_cores: int) -> None:
+def _empty_tag(field: str, value: object, _max_cores: int) -> None:
     if value != "":
         raise TargetError("named target tags are not accepted: spell the target out",
                           field=field)
 
 
-def _host(field: str, value: Any, max_cores: int) -> None:
+def _host(field: str, value: object, max_cores: int) -> None:
     if not isinstance(value, dict) or value.get("kind") != "llvm":
         raise TargetError('must be an llvm target dict, e.g. {"kind": "llvm"}', field=field)
     _check(value, field, max_cores)
 
 
-_ATTRS: dict[str, dict[str, Callable[[str, Any, int], None]]] = {
+_ATTRS: dict[str, dict[str, Callable[[str, object, int], None]]] = {
     "llvm": {"mcpu": _str(_MCPU, "a CPU name such as 'znver4'"),
              "mtriple": _str(_TRIPLE, "an x86_64 or aarch64 target triple"),
              "mattr": _mattr, "num-cores": _int(1), "keys": _keys, "tag": _empty_tag},
@@ -107,7 +107,7 @@ def _check(spec: dict[str, Any], prefix: str, max_cores: int) -> None:
         allowed[name](f"{prefix}.{name}", value, max_cores)
 
 
-def check_target(spec: Any, *, max_cores: int = MAX_CORES) -> None:
+def check_target(spec: object, *, max_cores: int = MAX_CORES) -> None:
     """Refuse a target dict that is not on the allowlist (TargetError naming the attribute).
     `max_cores` bounds `num-cores` (the cores of the workers that would run it)."""
     if not isinstance(spec, dict):

@@ -12,10 +12,14 @@ import functools
 import importlib.metadata
 import json
 import logging
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Iterable
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, SupportsInt
 
 from .errors import EnvironmentMismatch, SpecError, TargetError
+
+if TYPE_CHECKING:
+    import torch
 
 REQUIRED = {"apache-tvm": "0.27.0.post1", "apache-tvm-ffi": "0.1.14.post1"}
 
@@ -118,25 +122,25 @@ def tvm_version() -> str:
     return f"tvm={tvm.__version__};ffi={importlib.metadata.version('apache-tvm-ffi')}"
 
 
-def structural_hash(obj: Any) -> int:
+def structural_hash(obj: object) -> int:
     return int(tvm_ffi.structural_hash(obj)) & 0xFFFFFFFFFFFFFFFF
 
 
-def shash_hex(obj: Any) -> str:
+def shash_hex(obj: object) -> str:
     """The structural hash as 16 hex digits: how tunefarm names a workload's module and a
     candidate program (`cand_hash`) in the database."""
     return f"{structural_hash(obj):016x}"
 
 
-def structural_equal(a: Any, b: Any) -> bool:
+def structural_equal(a: object, b: object) -> bool:
     return bool(tvm_ffi.structural_equal(a, b))
 
 
-def save_json(obj: Any) -> str:
+def save_json(obj: object) -> str:
     return str(tvm.ir.save_json(obj))
 
 
-def load_json(text: str) -> Any:
+def load_json(text: str) -> tvm_ffi.Object:
     return tvm.ir.load_json(text)
 
 
@@ -244,18 +248,18 @@ def _plain(o: Any) -> Any:
     return str(o)
 
 
-def target_to_dict(target: Any) -> dict[str, Any]:
+def target_to_dict(target: Target) -> dict[str, Any]:
     """Canonical dict of a `tvm.target.Target` (TVM fills defaults such as `keys`)."""
     d = _plain(target.export())
     d.pop("tag", None) if d.get("tag") == "" else None
     return d
 
 
-def canonical_target_json(target: Any) -> str:
+def canonical_target_json(target: Target) -> str:
     return json.dumps(target_to_dict(target), sort_keys=True, separators=(",", ":"))
 
 
-def make_target(spec: str | dict[str, Any]) -> Any:
+def make_target(spec: str | dict[str, Any]) -> Target:
     """A `tvm.target.Target` from `"host"`, a JSON dict, or a JSON string of one.
 
     Rejects what TVM would silently accept and miscompile: an `llvm` mcpu that LLVM does not know
@@ -308,16 +312,16 @@ def make_target(spec: str | dict[str, Any]) -> Any:
 # traces and schedules
 
 
-def _json_default(o: Any) -> Any:
+def _json_default(o: object) -> object:
     return o.value if hasattr(o, "value") else str(o)
 
 
-def trace_to_json(trace: Any) -> str:
+def trace_to_json(trace: Trace) -> str:
     """Full trace (postprocessing included) as JSON: replaying it reproduces the candidate."""
     return json.dumps(trace.as_json(remove_postproc=False), default=_json_default)
 
 
-def trace_decisions(trace: Any) -> list[list[Any]]:
+def trace_decisions(trace: Trace) -> list[list[Any]]:
     """The sampling decisions of a trace: `[[instruction_index, kind, decision], ...]`."""
     out: list[list[Any]] = []
     for idx, inst in enumerate(trace.insts):
@@ -326,14 +330,14 @@ def trace_decisions(trace: Any) -> list[list[Any]]:
     return out
 
 
-def apply_trace(mod: Any, trace_json: str) -> Any:
+def apply_trace(mod: IRModule, trace_json: str) -> Schedule:
     """Replay a trace JSON onto a fresh schedule of `mod`; returns the Schedule."""
     sch = Schedule(mod)
     Trace.apply_json_to_schedule(json.loads(trace_json), sch)
     return sch
 
 
-def strip_layout_rewrite(mod: Any) -> Any:
+def strip_layout_rewrite(mod: IRModule) -> IRModule:
     """Drop the weight-packing blocks MetaSchedule's RewriteLayout adds for layout-free weights:
     the kernel then takes the weight pre-packed (packing is paid once at compile time for model
     constants; relax's SplitLayoutRewritePreproc does the same in a pipeline). TVM's pass takes
@@ -343,13 +347,13 @@ def strip_layout_rewrite(mod: Any) -> Any:
     return RemoveWeightLayoutRewriteBlock(skip_tensor_rewrite=True)(mod)
 
 
-def param_specs(mod: Any) -> list[tuple[tuple[int, ...], str]]:
+def param_specs(mod: IRModule) -> list[tuple[tuple[int, ...], str]]:
     """(shape, dtype) of each parameter of `mod["main"]`."""
     # in TVM 0.27 a PrimFunc has no buffer_map: buffer params are Vars typed BufferType
     return [(tuple(int(d) for d in p.shape), str(p.dtype)) for p in mod["main"].params]
 
 
-def param_bytes(mod: Any) -> int:
+def param_bytes(mod: IRModule) -> int:
     """Bytes of the parameters of `mod["main"]`: what one run reads and writes at least (0 if
     a shape is not static)."""
     import numpy as np
@@ -361,16 +365,17 @@ def param_bytes(mod: Any) -> int:
         return 0
 
 
-def compile_module(mod: Any, target: Any) -> Any:
+def compile_module(mod: IRModule, target: Target) -> RuntimeModule:
     """Build an (already scheduled) IRModule for `target`; returns the runtime module."""
     return tvm.compile(mod, target=target).mod
 
 
-def prim_func_from_tvmscript(text: str) -> Any:
+def prim_func_from_tvmscript(text: str) -> PrimFunc:
     """Parse TVMScript text (already vetted by `tuner.workloads.tvmscript`) into a PrimFunc."""
     obj = tvm.script.from_source(text)
     if isinstance(obj, tvm.IRModule):
-        funcs = [f for f in obj.functions.values() if isinstance(f, tvm.tirx.PrimFunc)]
+        funcs = [f for f in obj.functions.values()  # type: ignore[attr-defined]
+                 if isinstance(f, tvm.tirx.PrimFunc)]
         if len(funcs) != 1:
             raise ValueError(f"expected one PrimFunc in the module, found {len(funcs)}")
         obj = funcs[0]
@@ -379,7 +384,7 @@ def prim_func_from_tvmscript(text: str) -> Any:
     return obj
 
 
-def relax_from_exported_program(program: Any) -> Any:
+def relax_from_exported_program(program: torch.export.ExportedProgram) -> IRModule:
     """The relax IRModule of a `torch.export` program, its weights bound as constants (TVM's
     torch frontend; needs torch, an optional extra)."""
     from tvm.relax.frontend.torch import from_exported_program
@@ -387,7 +392,7 @@ def relax_from_exported_program(program: Any) -> Any:
     return from_exported_program(program)
 
 
-def num_tensor_elements(shape: Any) -> int:
+def num_tensor_elements(shape: Iterable[SupportsInt]) -> int:
     n = 1
     for d in shape:
         n *= int(d)
@@ -431,7 +436,7 @@ def _lazy_tensor_intrin_package() -> None:
 _lazy_tensor_intrin_package()
 
 
-def load_tensor_intrins(backend: str) -> Any:
+def load_tensor_intrins(backend: str) -> ModuleType:
     """Import `tvm.s_tir.tensor_intrin.<backend>` ("cuda", "arm_cpu", ...), which registers that
     backend's tensor intrinsics (cuda: ~8 s); returns the module (its `*_INTRIN` names)."""
     import importlib
@@ -439,17 +444,20 @@ def load_tensor_intrins(backend: str) -> Any:
     return importlib.import_module(f"tvm.s_tir.tensor_intrin.{backend}")
 
 
-def sample_init_population(strategy: Any, n: int) -> list[Any]:
+def sample_init_population(strategy: ms.search_strategy.SearchStrategy, n: int) -> list[Schedule]:
     """`n` random schedules from a pre-tuned EvolutionarySearch's design spaces (each space's
     trace replayed with fresh decisions, then postprocessed), without evolution: the search's
     own initial-population sampler (a private FFI function, named here so a move touches one
     line)."""
-    sample = ms._ffi_api.SearchStrategyEvolutionarySearchSampleInitPopulation
+    sample = (ms._ffi_api  # type: ignore[attr-defined]  # FFI-registered: invisible to mypy
+              .SearchStrategyEvolutionarySearchSampleInitPopulation)
     return list(sample(strategy, n))
 
 
-def tune_context(mod: Any, target: Any, *, space: Any, strategy: Any, seed: int,
-                 num_threads: int, task_name: str = "main") -> Any:
+def tune_context(mod: IRModule, target: Target, *,
+                 space: ms.space_generator.SpaceGenerator.SpaceGeneratorType,
+                 strategy: ms.search_strategy.SearchStrategy.SearchStrategyType, seed: int,
+                 num_threads: int, task_name: str = "main") -> ms.TuneContext:
     # the default spaces of these targets name intrinsics from these modules (x86: VNNI, ...)
     keys = set(target.keys)
     default_rules = isinstance(space, str | ms.space_generator.PostOrderApply)
@@ -462,7 +470,7 @@ def tune_context(mod: Any, target: Any, *, space: Any, strategy: Any, seed: int,
                           task_name=task_name, rand_state=seed, num_threads=num_threads)
 
 
-def design_spaces(ctx: Any) -> list[Any]:
+def design_spaces(ctx: ms.TuneContext) -> list[Schedule]:
     """The design spaces of a tune context. A space that TVM cannot build for this workload (its
     schedule rules fail on it, e.g. a tile of a loop whose extent overflows the sampler) is a
     SpecError naming the TVM error, not a traceback out of the search."""
@@ -477,7 +485,7 @@ def design_spaces(ctx: Any) -> list[Any]:
 # libraries and RPC (tuner.measure.rpc, tests.support.rpcfarm)
 
 
-def library_suffix(target: Any) -> str:
+def library_suffix(target: Target) -> str:
     """`.so` for this machine's architecture; `.tar` (objects, no cross linker needed: the board
     links them when it loads the library) for another one, e.g. an aarch64 target here."""
     triple = str(target.attrs.get("mtriple", "") or "") if hasattr(target, "attrs") else ""
@@ -487,7 +495,7 @@ def library_suffix(target: Any) -> str:
     return ".so" if triple.split("-")[0] == host.split("-")[0] else ".tar"
 
 
-def export_library(rt: Any, path: str) -> str:
+def export_library(rt: RuntimeModule, path: str) -> str:
     """Write a runtime module to `path` (`.so` links with the host compiler, `.tar` does not)."""
     rt.export_library(path)
     return path
@@ -529,6 +537,7 @@ def rpc_request_server(host: str, port: int, key: str, *, timeout_s: float,
         sock.close()
 
 
-def rpc_connect(host: str, port: int, matchkey: str, *, session_timeout_s: float) -> Any:
+def rpc_connect(host: str, port: int, matchkey: str, *,
+                session_timeout_s: float) -> tvm.rpc.RPCSession:
     """Open an RPC session on a server (the server ends it after `session_timeout_s`)."""
     return tvm.rpc.connect(host, port, key=matchkey, session_timeout=session_timeout_s)

@@ -10,9 +10,12 @@ existing key is returned unchanged.
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from .store import Store
+
+if TYPE_CHECKING:
+    from ..core.tvm_api import IRModule
 
 
 class Registrable(Protocol):
@@ -30,7 +33,7 @@ class Registrable(Protocol):
 
     def spec_json(self) -> str: ...
     def shash(self) -> str: ...
-    def mod(self) -> Any: ...
+    def mod(self) -> IRModule: ...
 
 
 def register_workload(store: Store, wl: Registrable) -> int:

@@ -12,12 +12,15 @@ from datetime import datetime
 from typing import Any
 
 import numpy as np
-from sqlalchemy import func, select
+from sqlalchemy import Row, Select, func, select
 from sqlalchemy.exc import IntegrityError
 
 from ..core.measurements import Invalidity
 from . import tables as m
 from .store import Store
+
+# (record id, workload id, features, median_s, invalidity): what `_rows` selects
+_Training = tuple[int, int, bytes | None, float | None, str]
 
 _LOST = Invalidity.WORKER_LOST.value
 
@@ -124,14 +127,14 @@ def _rows(store: Store, target_id: int, *, dim: int, after_id: int = 0,
     return _convert(_fetch(store, q, dim), dim)
 
 
-def _fetch(store: Store, q: Any, dim: int) -> list[Any]:
+def _fetch(store: Store, q: Select[*_Training], dim: int) -> list[Row[*_Training]]:
     with store.session() as s:
         got = [r for r in s.execute(q) if r[2] is not None and len(r[2]) == 4 * dim]
     got.sort(key=lambda r: r[0])
     return got
 
 
-def _convert(got: list[Any], dim: int) -> TrainingRows:
+def _convert(got: list[Row[*_Training]], dim: int) -> TrainingRows:
     feats = (np.frombuffer(b"".join(bytes(r[2] or b"") for r in got), dtype=np.float32)
              .reshape(len(got), dim) if got else np.zeros((0, dim), np.float32))
     return TrainingRows(

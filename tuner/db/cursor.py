@@ -17,6 +17,7 @@ from datetime import UTC, datetime
 from typing import Any, Protocol, TypeVar
 
 from sqlalchemy import Select, and_, or_
+from sqlalchemy.orm import InstrumentedAttribute
 
 from ..core.errors import SpecError
 
@@ -79,7 +80,8 @@ class _Dated(Protocol):
 D = TypeVar("D", bound=_Dated)
 
 
-def newest_first(q: Select[Any], created: Any, row_id: Any, cursor: str | None,
+def newest_first(q: Select[Any], created: InstrumentedAttribute[datetime],
+                 row_id: InstrumentedAttribute[str], cursor: str | None,
                  limit: int) -> Select[Any]:
     """`q` as one newest-first page of rows keyed (created, row_id), after `cursor` (a
     `job_cursor`), one row more than `limit` (`page` tells from it whether another follows).

@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from sqlalchemy import func, select
+from sqlalchemy.orm import Session
 
 from ..core.importance import knob_importance
 from ..core.measurements import Invalidity, gflops
@@ -62,7 +63,7 @@ def points_csv(points: dict[str, Any]) -> str:
     w = csv.writer(out, lineterminator="\n")
     w.writerow([*POINT_COLUMNS, *knobs])
 
-    def cell(v: Any) -> Any:
+    def cell(v: object) -> object:
         if isinstance(v, list):
             return json.dumps(v)
         if isinstance(v, str) and v[:1] in ("=", "+", "-", "@", "\t", "\r"):
@@ -157,7 +158,7 @@ def best_table(store: Store, *, limit: int = 200, op: str | None = None,
     return out
 
 
-def _task_names(s: Any, wids: set[int], owner: str | None,
+def _task_names(s: Session, wids: set[int], owner: str | None,
                 every_owner: bool) -> dict[int, tuple[str, ...]]:
     if owner is None and not every_owner:
         return {}

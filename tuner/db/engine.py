@@ -7,16 +7,19 @@ import json
 import os
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from alembic.config import Config
 from alembic.script import ScriptDirectory
-from sqlalchemy import Engine, create_engine, event
+from sqlalchemy import Connection, Engine, create_engine, event
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import SQLAlchemyError
-from sqlalchemy.pool import StaticPool
+from sqlalchemy.pool import ConnectionPoolEntry, StaticPool
 
 from ..core.errors import DatabaseError
+
+if TYPE_CHECKING:
+    import sqlite3
 
 UPGRADE_COMMAND = "tunefarm db upgrade"
 HERE = Path(__file__).resolve().parent
@@ -81,7 +84,7 @@ def _sqlite_engine(url: str) -> Engine:
         engine = create_engine(url, connect_args={"timeout": SQLITE_BUSY_MS / 1000})
 
     @event.listens_for(engine, "connect")
-    def _on_connect(dbapi_conn: Any, _record: Any) -> None:
+    def _on_connect(dbapi_conn: sqlite3.Connection, _record: ConnectionPoolEntry) -> None:
         dbapi_conn.isolation_level = None  # pysqlite must not BEGIN on its own; see _on_begin
         cur = dbapi_conn.cursor()
         cur.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_MS}")
@@ -91,7 +94,7 @@ def _sqlite_engine(url: str) -> Engine:
         cur.close()
 
     @event.listens_for(engine, "begin")
-    def _on_begin(conn: Any) -> None:
+    def _on_begin(conn: Connection) -> None:
         # Take the write lock up front: a deferred transaction that reads and then writes fails
         # with SQLITE_BUSY (no busy wait) when another process wrote in between.
         conn.exec_driver_sql("BEGIN IMMEDIATE")

@@ -23,10 +23,10 @@ from __future__ import annotations
 import hashlib
 import json
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from sqlalchemy import and_, exists, func, select
 from sqlalchemy.orm import Session
@@ -39,6 +39,9 @@ from .jobs import ACTIVE, LOCAL_OWNER, JobOptions, job_key
 from .rows import TargetRef
 from .store import Store
 from .tables import JobState, utcnow
+
+K = TypeVar("K")
+V = TypeVar("V")
 
 _OK, _LOST = Invalidity.OK.value, Invalidity.WORKER_LOST.value
 
@@ -202,7 +205,8 @@ def _reopen(s: Session, row: m.ModelJob, trials: int, now: datetime) -> None:
     task job was interrupted (Ctrl-C fails it) goes on."""
     row.trials, row.updated_at = trials, now
     if JobState(row.state) in (JobState.SUCCEEDED, JobState.FAILED):
-        row.state, row.finished_at, row.error = JobState.RUNNING.value, None, None
+        row.move_to(JobState.RUNNING, now=now, reopen=True)
+        row.error = None
     for task in s.scalars(select(m.ModelTask).where(m.ModelTask.model_id == row.id,
                                                     m.ModelTask.round_from >= 0)):
         job = s.get(m.Job, task.job_id) if task.job_id else None
@@ -277,8 +281,7 @@ def cancel_model(store: Store, model_id: str) -> tuple[ModelRow, list[str]]:
         if row is None:
             raise NotFound(f"no model job {model_id!r}")
         if not JobState(row.state).is_terminal:
-            now = utcnow()
-            row.state, row.finished_at, row.updated_at = JobState.CANCELLED.value, now, now
+            row.move_to(JobState.CANCELLED, now=utcnow())
             row.message = "cancelled"
         active = list(s.scalars(select(m.Job.id).where(m.Job.model_id == model_id,
                                                         m.Job.state.in_(ACTIVE))))
@@ -314,13 +317,13 @@ def advance(store: Store, model_id: str, plan: Plan, *,
         if not estimates or estimates[-1] != [spent, d.estimate_s]:
             row.estimates_json = json.dumps([*estimates, [spent, d.estimate_s]])
         row.message, row.updated_at = d.message[:2000], now
-        if d.start is None:
-            row.state, row.finished_at = (d.finish or JobState.SUCCEEDED).value, now
-            return Advanced(None, False)
-        job = _open_round(s, row, orm[d.start], tasks[d.start], d.step, left, now)
         if row.state == JobState.QUEUED.value:
-            row.state, row.started_at = JobState.RUNNING.value, now
-        return Advanced(job.id, True)
+            row.move_to(JobState.RUNNING, now=now)
+        if d.start is None:
+            row.move_to(d.finish or JobState.SUCCEEDED, now=now)
+            return Advanced(None, False)
+        job_id = _open_round(store, s, row, orm[d.start], tasks[d.start], d.step, left, now)
+        return Advanced(job_id, True)
 
 
 def _wall_left(row: m.ModelJob, now: datetime) -> Callable[[datetime | None], float | None]:
@@ -346,31 +349,30 @@ def _close_round(s: Session, orm: m.ModelTask, t: TaskRow) -> None:
     orm.round_from = -1
 
 
-def _open_round(s: Session, row: m.ModelJob, orm: m.ModelTask, t: TaskRow, step: int,
-                left: float | None, now: datetime) -> m.Job:
-    """Give task `t` a round of `step` trials: its task job, created or reopened."""
-    local = row.owner == LOCAL_OWNER
+def _open_round(store: Store, s: Session, row: m.ModelJob, orm: m.ModelTask, t: TaskRow,
+                step: int, left: float | None, now: datetime) -> str:
+    """Give task `t` a round of `step` trials: its task job, created or reopened (its id)."""
+    lease_owner = LOCAL_OWNER if row.owner == LOCAL_OWNER else None
+    orm.round_from = t.trials
+    # the runner counts a job's wall budget from its first start: the model's time left, from
+    # now, counted from there
     job = s.get(m.Job, orm.job_id) if orm.job_id is not None else None
     if job is None:
         tkey = s.scalar(select(m.Target.key).where(m.Target.id == row.target_id)) or ""
-        job = m.Job(id=uuid.uuid4().hex, job_key=job_key(t.workload_key, tkey, t.space),
-                    workload_id=t.workload_id, target_id=row.target_id, space=t.space,
-                    trials=step, state=JobState.QUEUED.value, options_json=row.options_json,
-                    created_at=now, updated_at=now, owner=row.owner, model_id=row.id)
-        s.add(job)
-        s.flush()
-        orm.job_id = job.id
-    else:
-        job.trials = t.trials + step
-        job.move_to(JobState.QUEUED, now=now, reopen=True)
-    job.lease_owner = LOCAL_OWNER if local else None
-    # the runner counts a job's wall budget from its first start: the model's time left, from
-    # now, counted from there
+        made = store.create_job(
+            job_key=job_key(t.workload_key, tkey, t.space), workload_id=t.workload_id,
+            target_id=row.target_id, space=t.space, trials=step,
+            options=json.loads(row.options_json), owner=row.owner, lease_owner=lease_owner,
+            wall_budget_s=None if left is None else max(1.0, left), model_id=row.id, session=s)
+        orm.job_id = made.id
+        return made.id
+    job.trials = t.trials + step
+    job.move_to(JobState.QUEUED, now=now, reopen=True)
+    job.lease_owner = lease_owner
     if left is not None:
         began = job.started_at or now
         job.wall_budget_s = max(1.0, left + (now - began).total_seconds())
-    orm.round_from = t.trials
-    return job
+    return job.id
 
 
 def _tasks(s: Session, row: m.ModelJob) -> list[TaskRow]:
@@ -401,7 +403,7 @@ def _tasks(s: Session, row: m.ModelJob) -> list[TaskRow]:
     return out
 
 
-def _pairs(rows: Any) -> dict[Any, Any]:
+def _pairs(rows: Iterable[tuple[K, V]]) -> dict[K, V]:
     return {k: v for k, v in rows}
 
 

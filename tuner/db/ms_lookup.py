@@ -17,9 +17,9 @@ Three ways to match, cached per database instance and read again from the store 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import cast
 
-from ..core.tvm_api import load_json, ms, shash_hex, structural_equal
+from ..core.tvm_api import IRModule, load_json, ms, shash_hex, structural_equal
 from ..workloads.identity import identity_hash, normal_form
 from . import ms_queries as q
 from .store import Store
@@ -28,14 +28,14 @@ MODULE_EQUALITIES = ("structural", "ignore-tensor", "anchor-block")
 _HASH_BATCH = 200
 
 
-def module_hash(mod: Any, mode: str) -> str:
+def module_hash(mod: IRModule, mode: str) -> str:
     """TVM's hash of `mod` under module equality `mode`, as 16 hex digits (a MemoryDatabase of
     that equality computes it: TVM's own `ModuleEquality`, not a copy of it)."""
     db = ms.database.MemoryDatabase(module_equality=mode)
     return f"{int(db.commit_workload(mod).as_json()[0]):016x}"
 
 
-def modules_equal(a: Any, b: Any, mode: str) -> bool:
+def modules_equal(a: IRModule, b: IRModule, mode: str) -> bool:
     """Whether TVM's module equality `mode` holds between `a` and `b`."""
     if mode == "structural":
         return structural_equal(a, b)
@@ -53,12 +53,12 @@ class WorkloadIndex:
                              f"not {module_equality!r}")
         self.store = store
         self.mode = module_equality
-        self._workloads: dict[int, Any] = {}  # workload id -> ms Workload (stable identity)
+        self._workloads: dict[int, ms.database.Workload] = {}  # id -> ms Workload (stable identity)
         self._by_shash: dict[str, list[int]] = {}  # shash -> ids whose Workload is cached
         self._by_mode_hash: dict[str, list[int]] = {}  # hash under self.mode -> ids
-        self._normal: dict[int, Any] = {}  # workload id -> the normal form of its module
+        self._normal: dict[int, IRModule] = {}  # workload id -> the normal form of its module
 
-    def workload(self, workload_id: int, mod_json: str | None = None) -> Any:
+    def workload(self, workload_id: int, mod_json: str | None = None) -> ms.database.Workload:
         """The MetaSchedule `Workload` of a stored workload (one object per id)."""
         if workload_id not in self._workloads:
             if mod_json is None:
@@ -66,7 +66,8 @@ class WorkloadIndex:
                 if row is None:
                     raise LookupError(f"workload {workload_id} is not in {self.store!r}")
                 mod_json = row.mod_json
-            self._workloads[workload_id] = ms.database.Workload(load_json(mod_json))
+            # a workload row's module is an IRModule (`register_workload` saves one)
+            self._workloads[workload_id] = ms.database.Workload(cast(IRModule, load_json(mod_json)))
         return self._workloads[workload_id]
 
     def _candidates(self, h: str, *, refresh: bool) -> list[int]:
@@ -77,7 +78,7 @@ class WorkloadIndex:
             self._by_shash[h] = [r.id for r in rows]
         return self._by_shash[h]
 
-    def exact(self, mod: Any) -> tuple[int | None, Any]:
+    def exact(self, mod: IRModule) -> tuple[int | None, ms.database.Workload | None]:
         """(id, Workload) of the stored module structurally equal to `mod`, or (None, None)."""
         hashes = dict.fromkeys((identity_hash(mod), shash_hex(mod)))  # new rows, then old ones
         for refresh in (False, True):
@@ -87,10 +88,10 @@ class WorkloadIndex:
                         return wid, self._workloads[wid]
         return None, None
 
-    def same_computation(self, mod: Any) -> list[tuple[int, Any]]:
+    def same_computation(self, mod: IRModule) -> list[tuple[int, ms.database.Workload]]:
         """Every stored workload computing what `mod` computes, however spelled."""
         norm = normal_form(mod)
-        out: list[tuple[int, Any]] = []
+        out: list[tuple[int, ms.database.Workload]] = []
         for refresh in (False, True):
             for h in dict.fromkeys((shash_hex(norm), shash_hex(mod))):
                 for wid in self._candidates(h, refresh=refresh):
@@ -102,12 +103,12 @@ class WorkloadIndex:
                 return out
         return out
 
-    def equal(self, mod: Any) -> list[tuple[int, Any]]:
+    def equal(self, mod: IRModule) -> list[tuple[int, ms.database.Workload]]:
         """Every stored workload equal to `mod` under this index's module equality, oldest
         first (under "structural", the exact one)."""
         if self.mode == "structural":
             wid, wl = self.exact(mod)
-            return [] if wid is None else [(wid, wl)]
+            return [] if wid is None else [(wid, cast(ms.database.Workload, wl))]  # set with wid
         h = module_hash(mod, self.mode)
         for refresh in (False, True):
             if refresh or h not in self._by_mode_hash:
@@ -122,7 +123,7 @@ class WorkloadIndex:
                 return out
         return []
 
-    def note_new(self, workload_id: int, mod: Any) -> None:
+    def note_new(self, workload_id: int, mod: IRModule) -> None:
         """A workload was just registered for `mod`: index it under this equality too."""
         if self.mode != "structural":
             q.put_hashes(self.store, self.mode, {workload_id: module_hash(mod, self.mode)})
@@ -131,7 +132,7 @@ class WorkloadIndex:
     def _stored_hash(self, mod_json: str) -> str:
         """The hash of a stored module; "-" (matching nothing) where it cannot be loaded."""
         try:
-            return module_hash(load_json(mod_json), self.mode) if mod_json else "-"
+            return module_hash(cast(IRModule, load_json(mod_json)), self.mode) if mod_json else "-"
         except Exception:  # written by another TVM version: it can match no module of this one
             return "-"
 

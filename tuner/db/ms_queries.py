@@ -9,9 +9,9 @@ committed through MetaSchedule are marked ok exactly when TVM's `TuningRecord.Is
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, Literal
+from typing import Literal, TypeVarTuple
 
-from sqlalchemy import func, select
+from sqlalchemy import Select, func, select
 
 from ..core.measurements import Invalidity
 from . import tables as m
@@ -20,10 +20,11 @@ from .store import Store
 
 Ranking = Literal["mean", "median"]
 RANKINGS: tuple[Ranking, ...] = ("mean", "median")
+_Ts = TypeVarTuple("_Ts")
 
 
-def _scoped(q: Any, *, workload_ids: Sequence[int] | None, target_id: int | None,
-            device_key: str | None) -> Any:
+def _scoped(q: Select[*_Ts], *, workload_ids: Sequence[int] | None,
+            target_id: int | None, device_key: str | None) -> Select[*_Ts]:
     if workload_ids is not None:
         q = q.where(m.Record.workload_id.in_(list(workload_ids)))
     if target_id is not None:

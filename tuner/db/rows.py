@@ -165,7 +165,7 @@ class NewRecord:
         }
 
 
-def _predicted(value: Any) -> float | None:
+def _predicted(value: object) -> float | None:
     """A context's predicted latency: None, or a finite number > 0 (else ValueError)."""
     if value is None:
         return None
@@ -178,7 +178,7 @@ def _predicted(value: Any) -> float | None:
 MAX_KNOBS, MAX_KNOB_NAME, MAX_TILE_PARTS = 64, 64, 16
 
 
-def _knob_value(v: Any) -> bool:
+def _knob_value(v: object) -> bool:
     if isinstance(v, bool) or v is None:
         return v is None
     if isinstance(v, int | float):
@@ -189,7 +189,7 @@ def _knob_value(v: Any) -> bool:
             and all(isinstance(x, int) and not isinstance(x, bool) for x in v))
 
 
-def check_knobs(value: Any) -> dict[str, Any]:
+def check_knobs(value: object) -> dict[str, Any]:
     """A context's knob values (`schedules.naming`): {} when absent, else a dict of at most
     MAX_KNOBS names (text, at most MAX_KNOB_NAME characters) to a number, a short text or a
     perfect tile's factors (a list of integers); anything else is a ValueError."""

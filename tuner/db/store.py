@@ -11,8 +11,8 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
-from typing import Any, Literal, TypeVar
+from contextlib import contextmanager, nullcontext
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from alembic import command
 from alembic.runtime.migration import MigrationContext
@@ -39,6 +39,10 @@ from .engine import (
 )
 from .rows import JobRow, MeasuredRow, NewRecord, RecordRow, TargetRef, TrainingRow, WorkloadRow
 from .tables import JobState, utcnow
+
+if TYPE_CHECKING:
+    from sqlalchemy.dialects.postgresql import Insert as PgInsert
+    from sqlalchemy.dialects.sqlite import Insert as SqliteInsert
 
 T = TypeVar("T")
 _CHUNK = 500  # rows per INSERT (SQLite allows 32766 bound parameters)
@@ -137,7 +141,7 @@ class Store:
         finally:
             s.close()
 
-    def _insert(self, model: type[m.Base]) -> Any:
+    def _insert(self, model: type[m.Base]) -> PgInsert | SqliteInsert:
         if self.dialect == "postgresql":
             from sqlalchemy.dialects.postgresql import insert as pg_insert
 
@@ -218,25 +222,30 @@ class Store:
                    state: JobState = JobState.QUEUED, idempotency_key: str | None = None,
                    request_hash: str | None = None, wall_budget_s: float | None = None,
                    lease_owner: str | None = None, owner: str = "local",
-                   guard: Callable[[Session], None] | None = None) -> JobRow:
+                   guard: Callable[[Session], None] | None = None,
+                   model_id: str | None = None, session: Session | None = None) -> JobRow:
         """Insert a job row for `owner`. With an `idempotency_key` that `owner` already used,
         the existing job is returned unchanged (compare its `request_hash` to detect a
         conflicting request). `guard` runs inside the inserting transaction before the insert
         (not for an idempotent replay): it may lock and count (quotas) and raise to refuse.
+        `session`: insert in the caller's transaction (a model job's task job, `model_id`, is
+        created in the transaction that holds its model job locked).
 
         The storage primitive: the CLI and the API create jobs through
-        `tuner.db.jobs.create_job`, which resolves the job key, the options and resumption."""
+        `tuner.db.jobs.create_job`, which resolves the job key, the options and resumption; a
+        model job's rounds (`tuner.db.model_jobs`) create its task jobs here directly (the
+        model job's quota was counted when it was created)."""
         now = utcnow()
         values = dict(id=uuid.uuid4().hex, job_key=job_key, workload_id=workload_id,
                       target_id=target_id, space=space, trials=int(trials),
                       state=JobState(state).value, options_json=json.dumps(options or {}),
                       idempotency_key=idempotency_key, request_hash=request_hash,
                       wall_budget_s=wall_budget_s, lease_owner=lease_owner, owner=owner,
-                      created_at=now, updated_at=now,
+                      created_at=now, updated_at=now, model_id=model_id,
                       started_at=now if JobState(state) is JobState.RUNNING else None)
         same_key = select(m.Job).where(m.Job.owner == owner,
                                        m.Job.idempotency_key == idempotency_key)
-        with self.session() as s:
+        with nullcontext(session) if session is not None else self.session() as s:
             if idempotency_key is not None and (row := s.scalar(same_key)) is not None:
                 return JobRow.of(row)
             if guard is not None:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 from enum import StrEnum
-from typing import Any
 
 from sqlalchemy import (
     BigInteger,
@@ -24,6 +23,7 @@ from sqlalchemy import (
     Text,
     UniqueConstraint,
 )
+from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from sqlalchemy.types import TypeDecorator
 
@@ -49,14 +49,14 @@ class UTCDateTime(TypeDecorator[datetime]):
     impl = DateTime(timezone=True)
     cache_ok = True
 
-    def process_bind_param(self, value: datetime | None, dialect: Any) -> datetime | None:
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
         if value is None:
             return None
         if value.tzinfo is None:
             value = value.replace(tzinfo=UTC)
         return value.astimezone(UTC)
 
-    def process_result_value(self, value: datetime | None, dialect: Any) -> datetime | None:
+    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
         if value is None:
             return None
         return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
@@ -189,18 +189,25 @@ class Job(Base):
         the move must be allowed by `JobState.can_become` (else `Conflict`). RUNNING stamps
         started_at (the first time), terminal states stamp finished_at and free the lease,
         others clear finished_at; `error` (if given) is stored. Callers:
-        `Store.set_job_state` (a transition) and `tuner.db.jobs.request_cancel` (a cancel)."""
-        current = JobState(self.state)
-        if not current.can_become(to, reopen=reopen):
-            raise Conflict(f"job {self.id} is {current}; it cannot become {to}")
+        `Store.set_job_state` (a transition), `tuner.db.jobs.request_cancel` (a cancel) and a
+        model job's rounds (`tuner.db.model_jobs`: a task job reopened)."""
+        _move(self, "job", JobState(self.state).can_become(to, reopen=reopen), to, now, error)
         if to.is_terminal and self.lease_owner != LOCAL_LEASE:  # a CLI job stays the CLI's
             self.lease_owner = self.lease_expires_at = None
-        self.state, self.updated_at = to.value, now
-        if to is JobState.RUNNING and self.started_at is None:
-            self.started_at = now
-        self.finished_at = now if to.is_terminal else None
-        if error is not None:
-            self.error = error
+
+
+def _move(row: Job | ModelJob, kind: str, allowed: bool, to: JobState, now: datetime,
+          error: str | None) -> None:
+    """A job's or a model job's state change, once it is `allowed`: the time stamps and the
+    error, as `Job.move_to` says."""
+    if not allowed:
+        raise Conflict(f"{kind} {row.id} is {JobState(row.state)}; it cannot become {to}")
+    row.state, row.updated_at = to.value, now
+    if to is JobState.RUNNING and row.started_at is None:
+        row.started_at = now
+    row.finished_at = now if to.is_terminal else None
+    if error is not None:
+        row.error = error
 
 
 class ModelJob(Base):
@@ -230,6 +237,13 @@ class ModelJob(Base):
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
     started_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
     finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+
+    def move_to(self, to: JobState, *, now: datetime, error: str | None = None,
+                reopen: bool = False) -> None:
+        """The one place a model job's state changes (the row locked): `Job.move_to`'s state
+        machine and time stamps; a model job holds no lease."""
+        _move(self, "model job", JobState(self.state).can_become(to, reopen=reopen), to, now,
+              error)
 
 
 class ModelTask(Base):

@@ -36,9 +36,10 @@ import json
 import re
 from collections.abc import Callable, Iterable
 from datetime import datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import func, select, update
+from sqlalchemy.orm import Session
 
 from ..core.errors import Conflict
 from ..core.measurements import Invalidity, MeasureInput, MeasureResult
@@ -46,6 +47,10 @@ from . import tables as m
 from .rows import NewRecord
 from .store import Store
 from .tables import utcnow
+
+if TYPE_CHECKING:
+    from sqlalchemy.dialects.postgresql import Insert as PgInsert
+    from sqlalchemy.dialects.sqlite import Insert as SqliteInsert
 
 # (issued column, the record's attribute, the posted field it comes from)
 _BOUND = (("job_id", "job_id", "input.context.job_id"),
@@ -94,7 +99,7 @@ def _binding(inp: MeasureInput) -> dict[str, Any]:
     return out
 
 
-def _insert(store: Store) -> Any:
+def _insert(store: Store) -> PgInsert | SqliteInsert:
     if store.dialect == "postgresql":
         from sqlalchemy.dialects.postgresql import insert as pg_insert
 
@@ -230,7 +235,7 @@ def commit_result(store: Store, rec: NewRecord, device_key: str, *,
         return True
 
 
-def _judge(s: Any, original: str, confirmation: NewRecord) -> None:
+def _judge(s: Session, original: str, confirmation: NewRecord) -> None:
     """A confirmation's verdict on the farm record of trial `original`: a valid measurement
     confirms it at the slower of the two medians; a failed one (build, run, wrong answer, but
     not a lost worker) refutes it. A record judged before keeps its verdict."""
@@ -245,7 +250,8 @@ def _judge(s: Any, original: str, confirmation: NewRecord) -> None:
         row.trust = m.Trust.REFUTED.value
 
 
-def _lost_attempt(s: Any, rec: NewRecord, base: str, device_key: str, now: datetime) -> bool:
+def _lost_attempt(s: Session, rec: NewRecord, base: str, device_key: str,
+                  now: datetime) -> bool:
     """Insert the worker_lost record of a failed attempt at the issued trial whose id starts
     with `base` (of `rec`'s job and candidate); the trial itself stays unused."""
     same = m.IssuedTrial.trial_id.startswith(base, autoescape=True) if len(base) == 20 else (

@@ -35,7 +35,10 @@ from typing import Any
 from schedules.intrinsics import register_for_trace
 from schedules.registry import replay
 from tuner.core.tvm_api import (
+    IRModule,
     Schedule,
+    Target,
+    Trace,
     canonical_target_json,
     derived_object,
     load_tensor_intrins,
@@ -70,7 +73,7 @@ class _BareModule:
     `tir-<shash>` (or `tir-<shash>-<n>` on a hash collision), op "tir"."""
 
     key: str
-    module: Any
+    module: IRModule
     module_hash: str
     flops: int
     op: str = "tir"
@@ -85,11 +88,11 @@ class _BareModule:
     def shash(self) -> str:
         return self.module_hash
 
-    def mod(self) -> Any:
+    def mod(self) -> IRModule:
         return self.module
 
 
-def _target_jsons(target: Any) -> list[str]:
+def _target_jsons(target: Target) -> list[str]:
     """Canonical JSON of `target`, then of the same target without its host (a relax build
     attaches the host; records are stored for the bare target)."""
     exact = canonical_target_json(target)
@@ -100,14 +103,14 @@ def _target_jsons(target: Any) -> list[str]:
     return [exact, json.dumps(d, sort_keys=True, separators=(",", ":"))]
 
 
-def _estimate_flops(mod: Any) -> int:
+def _estimate_flops(mod: IRModule) -> int:
     try:
         return int(tvm.s_tir.analysis.estimate_tir_flops(mod))
     except Exception:  # dynamic shapes, unsupported ops: the count is informational only
         return 0
 
 
-def _trace_is_valid(trace: Any) -> bool:
+def _trace_is_valid(trace: Trace) -> bool:
     """TVM's rule: the trace has an instruction before postprocessing starts."""
     insts = list(trace.insts)
     return bool(insts) and insts[0].kind.name != "EnterPostproc"
@@ -131,7 +134,7 @@ class TunefarmDatabase(ms.database.PyDatabase):
     """
 
     def __init__(self, store: Store | str | None = None, device_key: str | None = "local", *,
-                 target: Any = None, module_equality: str = "structural",
+                 target: Target | None = None, module_equality: str = "structural",
                  ranking: q.Ranking = "mean", same_computation: bool = True,
                  any_target: bool = False) -> None:
         super().__init__()
@@ -152,17 +155,17 @@ class TunefarmDatabase(ms.database.PyDatabase):
 
     # --- helpers ---------------------------------------------------------------------------
 
-    def _ensure_target(self, target: Any) -> TargetRef:
+    def _ensure_target(self, target: Target) -> TargetRef:
         return self.store.ensure_target(canonical_target_json(target), self.device_key or "local")
 
-    def _target_id(self, target: Any) -> int | None:
+    def _target_id(self, target: Target) -> int | None:
         for tj in _target_jsons(target):
             ref = self.store.target_by_key(target_key(tj, self.device_key or "local"))
             if ref is not None:
                 return ref.id
         return None
 
-    def _target(self, target_id: int) -> Any:
+    def _target(self, target_id: int) -> dict[str, Any]:
         if target_id not in self._targets:
             ref = self.store.get_target(target_id)
             if ref is None:
@@ -181,7 +184,8 @@ class TunefarmDatabase(ms.database.PyDatabase):
         value = row.mean_s if self.ranking == "mean" else row.median_s
         return float("inf") if value is None else value
 
-    def _to_tuning_record(self, row: RecordRow, workload: Any) -> Any:
+    def _to_tuning_record(self, row: RecordRow,
+                          workload: ms.database.Workload) -> ms.database.TuningRecord:
         register_for_trace(row.trace_json)  # the caller replays it: its intrinsics must exist
         args_info = ms.arg_info.ArgInfo.from_entry_func(workload.mod, remove_preproc=True)
         run_secs = None if row.latencies is None else [float(x) for x in row.latencies]
@@ -194,20 +198,20 @@ class TunefarmDatabase(ms.database.PyDatabase):
 
     # --- the PyDatabase interface ----------------------------------------------------------
 
-    def has_workload(self, mod: Any) -> bool:
+    def has_workload(self, mod: IRModule) -> bool:
         """Whether a stored workload equals `mod` under the module equality (or, with
         `same_computation`, computes what it computes)."""
         return bool(self.index.equal(mod)
                     or (self.same_computation and self.index.same_computation(mod)))
 
-    def commit_workload(self, mod: Any) -> Any:
+    def commit_workload(self, mod: IRModule) -> ms.database.Workload:
         """The stored workload equal to `mod` under the module equality, stored if none is."""
         found = self.index.equal(mod)
         if found:
             return found[0][1]
         return self.index.workload(self._register(mod))
 
-    def _register(self, mod: Any) -> int:
+    def _register(self, mod: IRModule) -> int:
         wid, _ = self.index.exact(mod)
         if wid is not None:
             return wid
@@ -224,17 +228,17 @@ class TunefarmDatabase(ms.database.PyDatabase):
             raise LookupError("the committed workload is not found again")
         return found
 
-    def commit_tuning_record(self, record: Any) -> None:
+    def commit_tuning_record(self, record: ms.database.TuningRecord) -> None:
         """Store the record as given, under the stored module its trace was recorded on."""
         self._commit(record, f"ms-{uuid.uuid4().hex}")
 
-    def import_record(self, record: Any) -> bool:
+    def import_record(self, record: ms.database.TuningRecord) -> bool:
         """Commit a record read from elsewhere (`tunefarm db import`) unless the same
         measurement (workload, target, candidate, median) is stored already, under any trial
         id; whether it was added."""
         return self._commit(record, None)
 
-    def _commit(self, record: Any, trial_id: str | None) -> bool:
+    def _commit(self, record: ms.database.TuningRecord, trial_id: str | None) -> bool:
         wid = self._register(record.workload.mod)
         if record.target is not None:
             tid = self._ensure_target(record.target).id
@@ -264,7 +268,8 @@ class TunefarmDatabase(ms.database.PyDatabase):
             return False  # this very measurement, stored under another trial id
         return bool(self.store.add_records([new]))
 
-    def get_top_k(self, workload: Any, top_k: int) -> list[Any]:
+    def get_top_k(self, workload: ms.database.Workload,
+                  top_k: int) -> list[ms.database.TuningRecord]:
         """The `top_k` fastest valid records of the workloads equal to `workload`."""
         if top_k < 0:
             raise ValueError(f"top_k must be non-negative, not {top_k}")
@@ -275,14 +280,15 @@ class TunefarmDatabase(ms.database.PyDatabase):
         return [self._to_tuning_record(r, wls[r.workload_id])
                 for r in self._records(list(wls), ranked=True, limit=top_k)]
 
-    def get_all_tuning_records(self) -> list[Any]:
+    def get_all_tuning_records(self) -> list[ms.database.TuningRecord]:
         return [self._to_tuning_record(r, self.index.workload(r.workload_id))
                 for r in self._records(None, ranked=False)]
 
     def __len__(self) -> int:
         return q.count_scoped(self.store, target_id=self.target_id, device_key=self.device_key)
 
-    def query_tuning_record(self, mod: Any, target: Any, workload_name: str | None = None) -> Any:
+    def query_tuning_record(self, mod: IRModule, target: Target,
+                            workload_name: str | None = None) -> ms.database.TuningRecord | None:
         """The best valid record for `mod` on THIS target (and device), or None.
 
         A record of `mod` itself, or of a stored module that differs only in how it is spelled
@@ -293,13 +299,13 @@ class TunefarmDatabase(ms.database.PyDatabase):
         tid = None if self.any_target else self._target_id(target)
         if tid is None and not self.any_target:
             return None
-        kinds: dict[int, tuple[Any, str]] = {}
+        kinds: dict[int, tuple[ms.database.Workload, str]] = {}
         for wid, wl in self.index.equal(mod):
             kinds[wid] = (wl, "equal")
         if self.same_computation:
             for wid, wl in self.index.same_computation(mod):
                 kinds.setdefault(wid, (wl, "spelling"))
-        found: list[tuple[RecordRow, Any, str]] = []
+        found: list[tuple[RecordRow, ms.database.Workload, str]] = []
         for wid, (wl, kind) in kinds.items():
             found += [(r, wl, kind)
                       for r in self._records([wid], ranked=True, limit=QUERY_DEPTH, target_id=tid)]
@@ -314,7 +320,8 @@ class TunefarmDatabase(ms.database.PyDatabase):
                 return self._to_tuning_record(row, wl)
         return None
 
-    def query_schedule(self, mod: Any, target: Any, workload_name: str | None = None) -> Any:
+    def query_schedule(self, mod: IRModule, target: Target,
+                       workload_name: str | None = None) -> Schedule | None:
         """The schedule of `mod` from `query_tuning_record`'s record: its trace replayed, or,
         for a record of another module with the same anchor block, applied as an anchor trace
         (TVM's default would return a schedule of the record's module)."""
@@ -329,12 +336,13 @@ class TunefarmDatabase(ms.database.PyDatabase):
             ms.trace_apply.schedule_using_anchor_trace(sch, rec.trace, tvm.target.Target(target))
         return sch
 
-    def query_ir_module(self, mod: Any, target: Any, workload_name: str | None = None) -> Any:
+    def query_ir_module(self, mod: IRModule, target: Target,
+                        workload_name: str | None = None) -> IRModule | None:
         sch = self.query_schedule(mod, target, workload_name)
         return None if sch is None else sch.mod
 
 
-def _cand_hash(record: Any, trace_json: str) -> str:
+def _cand_hash(record: ms.database.TuningRecord, trace_json: str) -> str:
     """The candidate's program hash; the trace's where it does not replay (a record may hold
     a trace that no longer applies: it is kept all the same)."""
     try:
@@ -343,7 +351,7 @@ def _cand_hash(record: Any, trace_json: str) -> str:
         return hashlib.sha256(trace_json.encode()).hexdigest()[:16]
 
 
-def _why_invalid(trace: Any, secs: list[float] | None) -> str:
+def _why_invalid(trace: Trace, secs: list[float] | None) -> str:
     if not _trace_is_valid(trace):
         return "MetaSchedule record with an empty trace"
     if secs is None:
@@ -351,7 +359,8 @@ def _why_invalid(trace: Any, secs: list[float] | None) -> str:
     return "MetaSchedule reported a failed run" if secs else "MetaSchedule record with no runs"
 
 
-def _anchor_applies(mod: Any, recorded_on: Any, trace_json: str, target: Any) -> bool:
+def _anchor_applies(mod: IRModule, recorded_on: ms.database.Workload, trace_json: str,
+                    target: Target) -> bool:
     """Whether a trace stored for workload `recorded_on` schedules `mod` as an anchor trace
     (relax would abort the build on one that does not)."""
     try:
@@ -364,7 +373,7 @@ def _anchor_applies(mod: Any, recorded_on: Any, trace_json: str, target: Any) ->
     return True
 
 
-def _replays(mod: Any, trace_json: str) -> bool:
+def _replays(mod: IRModule, trace_json: str) -> bool:
     """Whether a stored trace replays onto `mod` (a trace naming blocks by the names of another
     spelling may not; the tensor intrinsics it names are registered first)."""
     try:

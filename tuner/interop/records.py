@@ -10,7 +10,7 @@ text the CLI prints with `--json` and the API sends.
 from __future__ import annotations
 
 import logging
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from schedules.registry import replay
 from tuner.core import tvm_api as tv
@@ -56,7 +56,8 @@ def best_record(store: Store, workload: Workload, target: dict[str, Any],
     rec = BestPublic(
         **fields,
         workload=workload.spec,
-        schedule_python="\n".join(sch.trace.as_python(remove_postproc=True)))
+        # a replayed schedule is traced
+        schedule_python="\n".join(cast(tv.Trace, sch.trace).as_python(remove_postproc=True)))
     return rec.model_dump(mode="json")
 
 

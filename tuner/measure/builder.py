@@ -15,13 +15,17 @@ import os
 import shutil
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tuner.core import lean
 from tuner.core.isolation import Limits, child_env
 from tuner.measure import Invalidity, MeasureInput
 from tuner.measure.evaluate import first_line
+
+if TYPE_CHECKING:
+    from tuner.core.tvm_api import PopenPoolExecutor
 
 _WORKLOADS: dict[str, Any] = {}
 
@@ -97,7 +101,7 @@ def _sandboxed_init(user: str) -> None:
     Limits(memory_mb=None, cpu_s=None, fsize_mb=None, user=user).drop_now()
 
 
-def _sandboxed_pool(limits: Limits, build_dir: str) -> type:
+def _sandboxed_pool(limits: Limits, build_dir: str) -> type[PopenPoolExecutor]:
     """TVM's popen pool whose build processes start like every untrusted child: `child_env()`,
     `limits.preexec()` (own session, rlimits, no root), and a build directory they can write."""
     import subprocess
@@ -134,7 +138,8 @@ def _sandboxed_pool(limits: Limits, build_dir: str) -> type:
             super().__init__(max_workers=max_workers, timeout=timeout, initializer=init,
                              initargs=args)
 
-        def _worker_run(self, fn: Any, args: Any, kwargs: Any) -> Any:
+        def _worker_run(self, fn: Callable[..., object], args: tuple[Any, ...],
+                        kwargs: dict[str, Any]) -> object:
             with self._lock:
                 tid = threading.get_ident()
                 proc = self._worker_map.get(tid)
@@ -151,7 +156,7 @@ def _sandboxed_pool(limits: Limits, build_dir: str) -> type:
 class Prebuilder:
     def __init__(self, workers: int = 2) -> None:
         self._workers = workers
-        self._pool: Any = None
+        self._pool: PopenPoolExecutor | None = None
         self._timeout: float | None = None
         self._dir = tempfile.mkdtemp(prefix="tunefarm-build-")
         os.chmod(self._dir, 0o711)  # the sandbox (maybe another user) loads libraries by path
@@ -164,7 +169,7 @@ class Prebuilder:
         for _ in range(self._workers):
             pool.submit(_warm_up)
 
-    def _ensure_pool(self, timeout: float) -> Any:
+    def _ensure_pool(self, timeout: float) -> PopenPoolExecutor:
         if self._pool is None or self._timeout != timeout:
             self.close_pool()
             self._pool = self._pool_cls(max_workers=self._workers, timeout=timeout)
@@ -198,7 +203,7 @@ class Prebuilder:
                 out[inp.trial_id] = Built(None, None, Invalidity.BUILD_ERROR, first_line(exc))
         return out
 
-    def own_file(self, path: Any) -> str:
+    def own_file(self, path: object) -> str:
         """`path` as a build process returned it, if it names a regular file (no link) inside
         this builder's directory: a build process runs untrusted code, so the path it answers
         is checked before anything reads, hashes or removes it. ValueError otherwise."""

@@ -10,11 +10,15 @@ import math
 import os
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from tuner.measure.packing import Packer
+
+if TYPE_CHECKING:
+    from tuner.core.measurements import MeasureOptions
+    from tuner.core.tvm_api import RuntimeModule, Tensor, tvm
 
 
 class Prepared:
@@ -40,7 +44,8 @@ class Prepared:
             self._packer = Packer(self.inputs, self.arg_specs)
         return self._packer
 
-    def ensure_reference(self, send: Any, trial_id: str) -> list[np.ndarray]:
+    def ensure_reference(self, send: Callable[[dict[str, Any]], None],
+                         trial_id: str) -> list[np.ndarray]:
         if self.reference is None:
             send({"trial_id": trial_id, "phase": "preparing"})
             self.reference = self.workload.reference(self.inputs)
@@ -125,7 +130,8 @@ REPEAT_FLOOR = 0.5
 SCREEN_FRACTION = 0.5
 
 
-def time_kernel(rt: Any, args: list[Any], opts: Any, dev: Any) -> tuple[float, ...]:
+def time_kernel(rt: RuntimeModule, args: list[Tensor], opts: MeasureOptions,
+                dev: tvm.runtime.Device) -> tuple[float, ...]:
     """`opts.repeats` samples (seconds per call) with TVM's `time_evaluator`: each repeat runs the
     kernel for about `min_repeat_ms` (see `calls_per_repeat`), or once after a CPU cache flush with
     `cache_flush`. A kernel races the job's best (`prune_limits`): one whose first repeat is
@@ -172,7 +178,7 @@ def time_kernel(rt: Any, args: list[Any], opts: Any, dev: Any) -> tuple[float, .
     return race(timed, opts, stepwise=kw["number"] > 1)
 
 
-def race(timed: Callable[..., tuple[float, ...]], opts: Any, *,
+def race(timed: Callable[..., tuple[float, ...]], opts: MeasureOptions, *,
          stepwise: bool = True) -> tuple[float, ...]:
     """The samples `time_kernel` takes of a kernel: `timed(n)` times n more repeats, and
     `timed(1, short=True)` the screen (the first repeat, which the first limit reads); the race
@@ -215,7 +221,7 @@ def cannot_win(samples: tuple[float, ...], repeats: int, best: float | None) -> 
     return best is not None and sum(s > best for s in samples) > repeats // 2
 
 
-def prune_limits(opts: Any) -> tuple[float | None, ...]:
+def prune_limits(opts: MeasureOptions) -> tuple[float | None, ...]:
     """The times per call above which a kernel's fastest sample ends its timing: after its first
     repeat (`MeasureOptions.prune_factor` times the job's best so far) and after its second
     (`confirm_factor` times it). A factor of 0 gives None (no limit after that repeat), and
@@ -230,7 +236,8 @@ def prune_limits(opts: Any) -> tuple[float | None, ...]:
     return tuple(limits)
 
 
-def calls_per_repeat(rt: Any, args: list[Any], min_repeat_ms: float, dev: Any) -> int:
+def calls_per_repeat(rt: RuntimeModule, args: list[Tensor], min_repeat_ms: float,
+                     dev: tvm.runtime.Device) -> int:
     """How many calls make a repeat last `min_repeat_ms` (plus 10%), from a probe of ~1/8 of a
     repeat.
 
@@ -257,9 +264,9 @@ def calls_per_repeat(rt: Any, args: list[Any], min_repeat_ms: float, dev: Any) -
     return max(1, math.ceil(CALIBRATION_HEADROOM * min_repeat_ms / per_call_ms))
 
 
-def run_and_check(rt: Any, prep: Prepared, send: Any, trial_id: str, dev: Any,
-                  inputs: list[Any] | None = None
-                  ) -> tuple[list[Any], bool, float | None, str | None]:
+def run_and_check(rt: RuntimeModule, prep: Prepared, send: Callable[[dict[str, Any]], None],
+                  trial_id: str, dev: tvm.runtime.Device, inputs: list[Tensor] | None = None
+                  ) -> tuple[list[Tensor], bool, float | None, str | None]:
     """Run the program on the workload's inputs (or `inputs`, e.g. with packed weights; outputs
     filled with sentinels: `Prepared.fill`) and compare with the reference."""
     n_in = len(prep.inputs)
@@ -278,8 +285,8 @@ def run_and_check(rt: Any, prep: Prepared, send: Any, trial_id: str, dev: Any,
     return args, ok, max_err, why
 
 
-def allocate(prep: Prepared, dev: Any, inputs: list[Any] | None = None,
-             fill: str = "zeros") -> list[Any]:
+def allocate(prep: Prepared, dev: tvm.runtime.Device, inputs: list[Tensor] | None = None,
+             fill: str = "zeros") -> list[Tensor]:
     """The workload's inputs (or `inputs`, already on `dev`) and its outputs on `dev`, zeroed
     or filled with sentinels (`tuner.workloads.tir.output_fill`)."""
     from tuner.core import tvm_api as tv
@@ -296,7 +303,8 @@ def _same(a: list[np.ndarray], b: list[np.ndarray]) -> bool:
     return all(np.array_equal(x, y, equal_nan=True) for x, y in zip(a, b, strict=True))
 
 
-def random_args(specs: list[tuple[tuple[int, ...], str]], dev: Any, seed: int = 0) -> list[Any]:
+def random_args(specs: list[tuple[tuple[int, ...], str]], dev: tvm.runtime.Device,
+                seed: int = 0) -> list[Tensor]:
     """Arguments of a kernel that takes pre-packed weights (timed, not verified)."""
     from tuner.core import tvm_api as tv
 

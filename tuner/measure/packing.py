@@ -14,12 +14,15 @@ the whole program.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+if TYPE_CHECKING:
+    from tuner.core.tvm_api import IRModule, PrimFunc, RuntimeModule, Target, Tensor, tvm
 
-def compile_function(func: Any, target: Any) -> Any:
+
+def compile_function(func: PrimFunc, target: Target) -> RuntimeModule:
     """One PrimFunc of a split program, compiled on its own as "main"."""
     from tuner.core import tvm_api as tv
 
@@ -36,9 +39,10 @@ class Packer:
         self.inputs = inputs
         self.arg_specs = arg_specs
         # (target, the inputs read, `_packing_of` the function) -> the packed array
-        self._packed: dict[tuple[str, tuple[int, ...], tuple[Any, ...]], Any] = {}
+        self._packed: dict[tuple[str, tuple[int, ...], tuple[object, ...]], np.ndarray] = {}
 
-    def kernel_inputs(self, sched_mod: Any, target: Any, dev: Any) -> list[Any]:
+    def kernel_inputs(self, sched_mod: IRModule, target: Target,
+                      dev: tvm.runtime.Device) -> list[Tensor]:
         """The inputs of the kernel that `tuner.core.prepack.kernel(sched_mod)` compiles to, on
         `dev`: the workload's inputs with each layout-free weight packed as `sched_mod`'s
         layout-rewrite blocks pack it."""
@@ -69,7 +73,7 @@ class Packer:
         return [values[a] for a in steps[-1][1]]
 
 
-def _packing_of(func: Any) -> tuple[Any, ...]:
+def _packing_of(func: PrimFunc) -> tuple[object, ...]:
     """What a packing function computes, whatever its loops: its parameters and the structural
     hashes of its blocks (their iteration domains and bodies). The postprocessors parallelize and
     unroll the loops around a packing block differently from one candidate to the next; the
@@ -78,5 +82,6 @@ def _packing_of(func: Any) -> tuple[Any, ...]:
 
     sch = tv.Schedule(tv.tvm.IRModule({"main": func.without_attr("global_symbol")}))
     blocks = sch.get_child_blocks(sch.get_sblock("root"))
-    specs = tuple((tuple(int(d) for d in p.shape), str(p.dtype)) for p in func.params)
+    specs = tuple((tuple(int(d) for d in p.shape), str(p.dtype))
+                  for p in func.params)  # type: ignore[attr-defined]  # an FFI attribute
     return (specs, *(tv.structural_hash(sch.get(b)) for b in blocks))

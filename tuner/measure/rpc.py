@@ -35,7 +35,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from tuner.measure import Invalidity, MeasureInput, Measurer, MeasureResult
 from tuner.measure.builder import Built, Prebuilder
@@ -50,7 +50,11 @@ from tuner.measure.evaluate import (
     time_kernel,
 )
 
+if TYPE_CHECKING:
+    from tuner.core.tvm_api import RuntimeModule, Tensor, tvm
+
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 STEP_TIMEOUT_S = 120.0  # upload + load, allocate: past it the board is taken for lost
 CLEANUP_TIMEOUT_S = 10.0
@@ -71,7 +75,7 @@ class _Failed(Exception):
         self.invalidity, self.msg, self.max_abs_err = invalidity, msg, max_abs_err
 
 
-def call_with_deadline(fn: Callable[[], Any], timeout_s: float, name: str = "rpc-step") -> Any:
+def call_with_deadline(fn: Callable[[], T], timeout_s: float, name: str = "rpc-step") -> T:
     """`fn()` in a daemon thread; its value or exception, or _StepTimeout past `timeout_s` (the
     thread is abandoned: a remote call cannot be interrupted, FFI calls release the GIL)."""
     box: dict[str, Any] = {}
@@ -89,7 +93,7 @@ def call_with_deadline(fn: Callable[[], Any], timeout_s: float, name: str = "rpc
         raise _StepTimeout()
     if "error" in box:
         raise box["error"]
-    return box.get("value")
+    return cast(T, box.get("value"))  # set: the thread ended without an error
 
 
 def is_connection_error(exc: BaseException) -> bool:
@@ -118,8 +122,8 @@ def server_alive(host: str, port: int, *, tries: int = 3, every_s: float = 0.5) 
 class _Board:
     host: str
     port: int
-    sess: Any
-    dev: Any
+    sess: tvm.rpc.RPCSession
+    dev: tvm.runtime.Device
 
     @property
     def name(self) -> str:
@@ -308,7 +312,7 @@ class RpcMeasurer(Measurer):
         raise _Failed(Invalidity.WORKER_LOST, f"no free board with key {self.key} within "
                       f"{self.request_timeout_s:g} s{last}")
 
-    def _bounded(self, fn: Callable[[], Any], timeout_s: float, what: str) -> Any:
+    def _bounded(self, fn: Callable[[], T], timeout_s: float, what: str) -> T:
         """An infrastructure step: any failure or a timeout loses the board."""
         try:
             return call_with_deadline(fn, timeout_s, f"rpc-{self.step}")
@@ -319,7 +323,7 @@ class RpcMeasurer(Measurer):
             raise _Failed(Invalidity.WORKER_LOST, f"{what} on the board failed: "
                           f"{first_line(exc)}") from exc
 
-    def _upload(self, board: _Board, path: str, sha256: str | None) -> Any:
+    def _upload(self, board: _Board, path: str, sha256: str | None) -> RuntimeModule:
         """Send the built library's bytes, once checked against the sha256 the builder took, and
         load them on the board; a mismatch is a build_error, never a load."""
         try:
@@ -327,14 +331,14 @@ class RpcMeasurer(Measurer):
         except ArtifactError as exc:
             raise _Failed(Invalidity.BUILD_ERROR, str(exc)) from exc
         with self._step("upload"):
-            def send_and_load() -> Any:
+            def send_and_load() -> RuntimeModule:
                 board.sess.upload(bytearray(data), os.path.basename(path))
                 return board.sess.load_module(os.path.basename(path))
 
             return self._bounded(send_and_load, self.step_timeout_s,
                                  "uploading and loading the library")
 
-    def _run(self, board: _Board, fn: Callable[[], Any], timeout_s: float) -> Any:
+    def _run(self, board: _Board, fn: Callable[[], T], timeout_s: float) -> T:
         """A step that runs the kernel, with the run deadline."""
         try:
             return call_with_deadline(fn, timeout_s, "rpc-run")
@@ -352,7 +356,8 @@ class RpcMeasurer(Measurer):
                               f"kernel (did it crash?): {first_line(exc)}") from exc
             raise _Failed(Invalidity.RUN_ERROR, first_line(exc)) from exc
 
-    def _run_kernel(self, rt: Any, args: list[Any], prep: Prepared, inp: MeasureInput, dev: Any,
+    def _run_kernel(self, rt: RuntimeModule, args: list[Tensor], prep: Prepared,
+                    inp: MeasureInput, dev: tvm.runtime.Device,
                     *, check_outputs: bool) -> tuple[tuple[float, ...], float | None]:
         """(In the run thread.) Warm-up (the verification run), check, time."""
         rt["main"](*args)
@@ -362,7 +367,7 @@ class RpcMeasurer(Measurer):
         return time_kernel(rt, args, inp.options, dev), max_err
 
     @staticmethod
-    def _check(args: list[Any], prep: Prepared) -> float:
+    def _check(args: list[Tensor], prep: Prepared) -> float:
         outputs = [a.numpy() for a in args[len(prep.inputs):]]
         assert prep.reference is not None
         ok, max_err, why = check(outputs, prep.reference, prep.rtol, prep.atol)

@@ -24,7 +24,9 @@ import sys
 import tempfile
 import time
 import traceback
-from typing import Any
+from collections.abc import Callable
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -37,8 +39,12 @@ from tuner.measure.evaluate import random_args as _random_args
 from tuner.measure.evaluate import run_and_check as _run_and_check
 from tuner.measure.evaluate import time_kernel as _time
 
+if TYPE_CHECKING:
+    from tuner.core.tvm_api import IRModule, RuntimeModule, Schedule, Target, Tensor, tvm
 
-def measure_one(inp: MeasureInput, prep: _Prepared, send: Any) -> MeasureResult:
+
+def measure_one(inp: MeasureInput, prep: _Prepared,
+                send: Callable[[dict[str, Any]], None]) -> MeasureResult:
     """Build, verify and time one candidate.
 
     A program whose weights MetaSchedule/templates pack (layout-rewrite blocks) is timed as the
@@ -112,8 +118,9 @@ def measure_one(inp: MeasureInput, prep: _Prepared, send: Any) -> MeasureResult:
                          build_s=build_s, max_abs_err=max_err)
 
 
-def _packed_or_whole(tv: Any, sched_mod: Any, prep: _Prepared, params: list[Any], target: Any,
-                     dev: Any) -> tuple[Any | None, list[Any] | None]:
+def _packed_or_whole(tv: ModuleType, sched_mod: IRModule, prep: _Prepared,
+                     params: list[tuple[tuple[int, ...], str]], target: Target,
+                     dev: tvm.runtime.Device) -> tuple[RuntimeModule | None, list[Tensor] | None]:
     """What verifies a kernel timed on packed weights: (None, its inputs with the weights
     packed), to run the timed kernel itself on; or, where the program does not split into
     packing and kernel as expected, (the whole program built, None)."""
@@ -140,7 +147,7 @@ def verified_artifact(inp: MeasureInput) -> str:
     return path
 
 
-def _load_verified(tv: Any, inp: MeasureInput) -> Any:
+def _load_verified(tv: ModuleType, inp: MeasureInput) -> RuntimeModule:
     """Load the checked private copy, then remove it (the loaded library stays mapped)."""
     path = verified_artifact(inp)
     try:
@@ -165,7 +172,7 @@ def _why(exc: BaseException) -> str:
     return msg
 
 
-def _replay(prep: _Prepared, trace_json: str) -> Any:
+def _replay(prep: _Prepared, trace_json: str) -> Schedule:
     """The candidate's program: its trace replayed onto the workload. Only a candidate that was
     not built ahead, or a packed one to verify whole, needs it."""
     from schedules.registry import replay

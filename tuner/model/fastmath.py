@@ -12,15 +12,14 @@ the tasks tuned are the tasks built.
 from __future__ import annotations
 
 import math
-from typing import Any
 
-from ..core.tvm_api import relax, topi, tvm
+from ..core.tvm_api import Expr, IRModule, relax, topi, tvm
 from .fixups import mutate_functions
 
 
 @relax.expr_functor.mutator
 class _FastGelu(relax.PyExprMutator):  # type: ignore[misc]
-    def visit_call_(self, call: Any) -> Any:
+    def visit_call_(self, call: relax.Call) -> Expr:
         op = getattr(call.op, "name", "")
         if op not in ("relax.nn.gelu", "relax.nn.gelu_tanh", "relax.erf", "relax.tanh"):
             return super().visit_call_(call)
@@ -30,7 +29,7 @@ class _FastGelu(relax.PyExprMutator):  # type: ignore[misc]
             return super().visit_call_(call)
         bb = self.builder_
 
-        def c(v: float) -> Any:
+        def c(v: float) -> Expr:
             return relax.const(v, dtype)
 
         if op == "relax.erf":
@@ -52,5 +51,5 @@ class _FastGelu(relax.PyExprMutator):  # type: ignore[misc]
 class FastGelu:
     """The module pass: every relax function's GELU, erf and tanh made fast."""
 
-    def transform_module(self, mod: Any, ctx: Any) -> Any:
+    def transform_module(self, mod: IRModule, ctx: tvm.transform.PassContext) -> IRModule:
         return mutate_functions(_FastGelu(mod), mod)

@@ -24,15 +24,15 @@ and one rewrite of arithmetic that TVM leaves to libm:
 
 from __future__ import annotations
 
-from typing import Any
+from typing import cast
 
-from ..core.tvm_api import relax, tvm
+from ..core.tvm_api import Expr, IRModule, relax, tvm
 
 _COMPARISONS = frozenset(f"relax.{op}" for op in (
     "equal", "not_equal", "less", "less_equal", "greater", "greater_equal"))
 
 
-def dtype_of(expr: Any) -> str | None:
+def dtype_of(expr: Expr) -> str | None:
     """The dtype of a relax expression's tensor, or None."""
     dtype = getattr(getattr(expr, "ty", None), "dtype", None)
     return None if dtype is None else str(dtype)
@@ -40,8 +40,8 @@ def dtype_of(expr: Any) -> str | None:
 
 @relax.expr_functor.mutator
 class _BoolCompare(relax.PyExprMutator):  # type: ignore[misc]
-    def visit_call_(self, call: Any) -> Any:
-        call = super().visit_call_(call)
+    def visit_call_(self, call: relax.Call) -> Expr:
+        call = cast(relax.Call, super().visit_call_(call))  # relax's mutator rebuilds a Call
         name = getattr(call.op, "name", "")
         if name == "relax.cumsum" and dtype_of(call.args[0]) == "bool":
             return relax.Call(call.op, [relax.op.astype(call.args[0], "int64")], call.attrs)
@@ -58,7 +58,7 @@ class _BoolCompare(relax.PyExprMutator):  # type: ignore[misc]
 SMALL_POWERS = (2.0, 3.0, 4.0)
 
 
-def _small_power(expr: Any) -> int | None:
+def _small_power(expr: Expr) -> int | None:
     """The exponent when `expr` is a scalar constant 2, 3 or 4 (float or int), else None."""
     data = getattr(expr, "value", None) if isinstance(expr, tvm.ir.expr.Constant) else None
     if data is None or not hasattr(data, "numpy") or data.numpy().size != 1:
@@ -69,8 +69,8 @@ def _small_power(expr: Any) -> int | None:
 
 @relax.expr_functor.mutator
 class _SmallPower(relax.PyExprMutator):  # type: ignore[misc]
-    def visit_call_(self, call: Any) -> Any:
-        call = super().visit_call_(call)
+    def visit_call_(self, call: relax.Call) -> Expr:
+        call = cast(relax.Call, super().visit_call_(call))  # relax's mutator rebuilds a Call
         if getattr(call.op, "name", "") != "relax.power":
             return call
         x, n = call.args[0], _small_power(call.args[1])
@@ -82,11 +82,12 @@ class _SmallPower(relax.PyExprMutator):  # type: ignore[misc]
         return relax.op.multiply(square, x if n == 3 else square)
 
 
-def mutate_functions(mutator: Any, mod: Any) -> Any:
+def mutate_functions(mutator: relax.PyExprMutator, mod: IRModule) -> IRModule:
     """`mod` with every relax function rewritten by `mutator` (a PyExprMutator made on `mod`)."""
     for gv, func in mod.functions_items():
         if isinstance(func, relax.Function):
-            mutator.builder_.update_func(gv, mutator.visit_expr(func))
+            # a relax function is mutated into a relax function
+            mutator.builder_.update_func(gv, cast(relax.Function, mutator.visit_expr(func)))
     return mutator.builder_.get()
 
 
@@ -95,7 +96,7 @@ class BoolCompare:
     """The module pass: every relax function's comparisons and cumulative sums of bool tensors
     made on integers."""
 
-    def transform_module(self, mod: Any, ctx: Any) -> Any:
+    def transform_module(self, mod: IRModule, ctx: tvm.transform.PassContext) -> IRModule:
         return mutate_functions(_BoolCompare(mod), mod)
 
 
@@ -103,5 +104,5 @@ class BoolCompare:
 class SmallPower:
     """The module pass: every `power` of a float tensor by a constant 2, 3 or 4 as products."""
 
-    def transform_module(self, mod: Any, ctx: Any) -> Any:
+    def transform_module(self, mod: IRModule, ctx: tvm.transform.PassContext) -> IRModule:
         return mutate_functions(_SmallPower(mod), mod)

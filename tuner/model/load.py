@@ -21,15 +21,19 @@ import importlib.util
 import re
 import sys
 from pathlib import Path
-from typing import Any
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
 from ..core.errors import SpecError
-from ..core.tvm_api import relax_from_exported_program, tvm
+from ..core.tvm_api import IRModule, relax_from_exported_program, tvm
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["from_torch", "load_model"]
 
 
-def load_model(path: str | Path) -> Any:
+def load_model(path: str | Path) -> IRModule:
     """The relax IRModule of the model in `path` (its weights bound as constants)."""
     p = Path(path)
     if not p.is_file():
@@ -46,7 +50,7 @@ def load_model(path: str | Path) -> Any:
     return _checked(mod, p)
 
 
-def _torch(p: Path) -> Any:
+def _torch(p: Path) -> ModuleType:
     try:
         import torch
     except ImportError as exc:
@@ -54,7 +58,7 @@ def _torch(p: Path) -> Any:
     return torch
 
 
-def _from_python(p: Path) -> Any:
+def _from_python(p: Path) -> IRModule:
     name = "tunefarm_model_" + re.sub(r"\W", "_", p.stem)
     spec = importlib.util.spec_from_file_location(name, p)
     if spec is None or spec.loader is None:
@@ -71,7 +75,7 @@ def _from_python(p: Path) -> Any:
         sys.modules.pop(name, None)
 
 
-def _to_relax(obj: Any, module: Any, p: Path) -> Any:
+def _to_relax(obj: Any, module: ModuleType, p: Path) -> IRModule:
     """`model()`'s value as a relax IRModule."""
     if isinstance(obj, tvm.IRModule):
         return obj
@@ -88,8 +92,8 @@ def _to_relax(obj: Any, module: Any, p: Path) -> Any:
     return from_torch(obj, args, kwargs, where=p)
 
 
-def from_torch(net: Any, args: tuple[Any, ...], kwargs: dict[str, Any] | None = None, *,
-               where: str | Path = "model") -> Any:
+def from_torch(net: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] | None = None,
+               *, where: str | Path = "model") -> IRModule:
     """The relax IRModule of the `torch.nn.Module` `net` (in eval mode) exported with
     `torch.export` on `args` and `kwargs`; SpecError naming what torch.export or TVM's frontend
     could not take."""
@@ -105,7 +109,8 @@ def from_torch(net: Any, args: tuple[Any, ...], kwargs: dict[str, Any] | None = 
     return _convert(program, p)
 
 
-def _call_args(value: Any, torch: Any, p: Path) -> tuple[tuple[Any, ...], dict[str, Any]]:
+def _call_args(value: Any, torch: ModuleType,
+               p: Path) -> tuple[tuple[Any, ...], dict[str, Any]]:
     """(args, kwargs) from what `example_inputs()` returned."""
     if isinstance(value, torch.Tensor):
         return (value,), {}
@@ -121,7 +126,7 @@ def _call_args(value: Any, torch: Any, p: Path) -> tuple[tuple[Any, ...], dict[s
                     "(args, kwargs)", field="model")
 
 
-def _convert(program: Any, p: Path) -> Any:
+def _convert(program: torch.export.ExportedProgram, p: Path) -> IRModule:
     """TVM's torch frontend on `program`; an operator it cannot convert is named."""
     try:
         return relax_from_exported_program(program)
@@ -138,8 +143,9 @@ def _first_line(exc: BaseException) -> str:
     return text.splitlines()[0][:300]
 
 
-def _checked(mod: Any, p: Path) -> Any:
-    if not isinstance(mod, tvm.IRModule) or "main" not in [g.name_hint for g in mod.functions]:
+def _checked(mod: object, p: Path) -> IRModule:
+    if not isinstance(mod, tvm.IRModule) or "main" not in [
+            g.name_hint for g in mod.functions]:  # type: ignore[attr-defined]  # FFI attribute
         raise SpecError(f"{p} gives no relax module with a main function", field="model")
     if not isinstance(mod["main"], tvm.relax.Function):
         raise SpecError(f"{p}: main is a {type(mod['main']).__name__}, not a relax function",

@@ -20,9 +20,9 @@ autocast, a matmul's output stays float32 (autocast rounds it to bf16 before the
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
-from ..core.tvm_api import relax, tvm
+from ..core.tvm_api import Expr, IRModule, relax, tvm
 from .fixups import dtype_of, mutate_functions
 
 DTYPES = ("float32", "bfloat16")  # `--dtype` of tune-model and build
@@ -33,7 +33,7 @@ _VIEWS = frozenset({"relax.permute_dims", "relax.reshape", "relax.squeeze",
 
 @relax.expr_functor.mutator
 class _MatmulsInBF16(relax.PyExprMutator):  # type: ignore[misc]
-    def _is_weight(self, expr: Any) -> bool:
+    def _is_weight(self, expr: Expr | None) -> bool:
         """A constant, or a view of one through bindings of this function."""
         for _ in range(8):
             if isinstance(expr, tvm.ir.expr.Constant):
@@ -46,8 +46,8 @@ class _MatmulsInBF16(relax.PyExprMutator):  # type: ignore[misc]
                 return False
         return False
 
-    def visit_call_(self, call: Any) -> Any:
-        call = super().visit_call_(call)
+    def visit_call_(self, call: relax.Call) -> Expr:
+        call = cast(relax.Call, super().visit_call_(call))  # relax's mutator rebuilds a Call
         if getattr(call.op, "name", "") != "relax.matmul":
             return call
         x, w = call.args
@@ -61,7 +61,7 @@ class _MatmulsInBF16(relax.PyExprMutator):  # type: ignore[misc]
 class MatmulsInBF16:
     """The module pass: every matmul by a constant weight on bf16 operands, float32 sums."""
 
-    def transform_module(self, mod: Any, ctx: Any) -> Any:
+    def transform_module(self, mod: IRModule, ctx: tvm.transform.PassContext) -> IRModule:
         return mutate_functions(_MatmulsInBF16(mod), mod)
 
 

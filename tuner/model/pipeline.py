@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..core.prepack import mark_padded
-from ..core.tvm_api import make_target, ms, relax, tvm
+from ..core.tvm_api import IRModule, PrimFunc, Target, make_target, ms, relax, tvm
 from ..workloads.bounds import clamp_data_dependent
 from ..workloads.identity import identity_hash
 from .fastmath import FastGelu
@@ -38,14 +38,14 @@ class ModelTask:
     """One distinct PrimFunc of a partitioned model."""
 
     name: str  # relax's name of the first function found (e.g. fused_matmul_add_gelu)
-    func: Any  # the PrimFunc, as MetaSchedule normalizes it (global symbol "main")
+    func: PrimFunc  # the PrimFunc, as MetaSchedule normalizes it (global symbol "main")
     weight: int  # how many times one run of the model calls it
     identity: str  # `tuner.workloads.identity.identity_hash`: what it computes
 
 
 @dataclass(frozen=True)
 class Built:
-    executable: Any  # relax VM executable
+    executable: tvm.runtime.Executable  # relax VM executable
     tasks: list[ModelTask]
     untuned: list[str]  # names of the tasks that had no record: relax's default loops
 
@@ -67,13 +67,13 @@ def task_flops(task: ModelTask) -> float:
     return max(flops, 1.0)
 
 
-def _as_target(target: Any) -> Any:
+def _as_target(target: Target | str | dict[str, Any]) -> Target:
     """A TVM Target from a spec ("host", a dict) or a Target."""
     return target if isinstance(target, tvm.target.Target) else make_target(target)
 
 
-def partition(mod: Any, target: Any, *, fast_math: bool = False,
-              dtype: str = "float32") -> Any:
+def partition(mod: IRModule, target: Target | str | dict[str, Any], *, fast_math: bool = False,
+              dtype: str = "float32") -> IRModule:
     """The model with every operator legalized to TIR and fused into tasks; `fast_math`:
     GELU, erf and tanh as vectorizable approximations (`tuner.model.fastmath`); `dtype`
     "bfloat16": its linear layers on bf16 operands (`tuner.model.lowp`)."""
@@ -86,7 +86,7 @@ def partition(mod: Any, target: Any, *, fast_math: bool = False,
               relax.transform.FuseTIR(), relax.transform.AttachAttrLayoutFreeBuffers()]
     with target:
         mod = tvm.transform.Sequential(passes)(mod)
-    for gv, func in list(mod.functions.items()):
+    for gv, func in list(mod.functions.items()):  # type: ignore[attr-defined]  # FFI attribute
         if isinstance(func, tvm.tirx.PrimFunc):
             clamped = clamp_data_dependent(func)
             if not clamped.same_as(func):
@@ -94,7 +94,7 @@ def partition(mod: Any, target: Any, *, fast_math: bool = False,
     return mod
 
 
-def extract(partitioned: Any, target: Any) -> list[ModelTask]:
+def extract(partitioned: IRModule, target: Target | str | dict[str, Any]) -> list[ModelTask]:
     """The distinct tasks of a partitioned model, heaviest (weight) first, then by name."""
     target = _as_target(target)
     merged: dict[str, ModelTask] = {}
@@ -107,8 +107,9 @@ def extract(partitioned: Any, target: Any) -> list[ModelTask]:
     return sorted(merged.values(), key=lambda t: (-t.weight, t.name))
 
 
-def apply(mod: Any, target: Any, database: Any, *, fast_math: bool = False,
-          dtype: str = "float32") -> tuple[Any, list[ModelTask], list[str]]:
+def apply(mod: IRModule, target: Target | str | dict[str, Any],
+          database: ms.database.Database, *, fast_math: bool = False,
+          dtype: str = "float32") -> tuple[IRModule, list[ModelTask], list[str]]:
     """(the partitioned model with `database`'s schedules applied and constant weights' packing
     folded, its tasks, the names of those without a record). `database`: any MetaSchedule
     database (`TunefarmDatabase` over SQL, `api.client.ms_database.RemoteDatabase`)."""
@@ -125,7 +126,8 @@ def apply(mod: Any, target: Any, database: Any, *, fast_math: bool = False,
     return applied, tasks, untuned
 
 
-def build(mod: Any, target: Any, database: Any, *, fast_math: bool = False,
+def build(mod: IRModule, target: Target | str | dict[str, Any],
+          database: ms.database.Database, *, fast_math: bool = False,
           dtype: str = "float32") -> Built:
     """Compile the model for `target` with `database`'s schedules."""
     target = _as_target(target)

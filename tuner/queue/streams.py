@@ -19,7 +19,7 @@ import json
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import redis
 
@@ -106,7 +106,8 @@ def read_new(r: redis.Redis, stream: str, group: str, consumer: str, *, count: i
     block = None if block_s is None else max(1, int(block_s * 1000))
     for attempt in range(2):
         try:
-            reply: Any = r.xreadgroup(group, consumer, {stream: ">"}, count=count, block=block)
+            reply = cast("list[Sequence[Any]] | None",  # [[stream, entries]] (RESP2)
+                         r.xreadgroup(group, consumer, {stream: ">"}, count=count, block=block))
         except redis.ResponseError as exc:
             if attempt == 0 and _is_nogroup(exc):
                 ensure_group(r, stream, group)

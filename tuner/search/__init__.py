@@ -10,7 +10,7 @@ the search loop and XGBoost.
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from .costmodel import XGBCostModel
@@ -22,7 +22,7 @@ _WHERE = {"XGBCostModel": ".costmodel", "Tuner": ".loop", "Progress": ".request"
           "TuneRequest": ".request", "TuneSummary": ".request"}
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> object:
     if name not in _WHERE:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     return getattr(importlib.import_module(_WHERE[name], __name__), name)

@@ -115,7 +115,8 @@ class XGBCostModel(ms.cost_model.PyCostModel):
         self.fit_s = 0.0  # time spent in `fit`, all batches
 
     # ---- data
-    def features(self, context: Any, candidates: Sequence[Any]) -> np.ndarray:
+    def features(self, context: ms.TuneContext,
+                 candidates: Sequence[ms.MeasureCandidate]) -> np.ndarray:
         """Pooled features, one row per candidate. Extraction costs ~10 ms per conv program and
         the evolutionary search scores survivors and repeated mutants again in every iteration
         (then the loop asks again for the picks it measures): programs seen before, by structural
@@ -123,7 +124,7 @@ class XGBCostModel(ms.cost_model.PyCostModel):
         if not candidates:
             return np.zeros((0, FEATURE_DIM), dtype=np.float32)
         keys = [structural_hash(c.sch.mod) for c in candidates]
-        todo: dict[int, Any] = {}
+        todo: dict[int, ms.MeasureCandidate] = {}
         for k, c in zip(keys, candidates, strict=True):
             if k not in self._cache:
                 todo.setdefault(k, c)
@@ -137,7 +138,7 @@ class XGBCostModel(ms.cost_model.PyCostModel):
         self._cache.update(new)
         return rows
 
-    def add(self, x: np.ndarray, latencies: Sequence[float | None], group: Any) -> None:
+    def add(self, x: np.ndarray, latencies: Sequence[float | None], group: int) -> None:
         """Add measured programs: `latencies[i]` is None for a failed one."""
         for row, lat in zip(np.asarray(x, dtype=np.float32).reshape(-1, FEATURE_DIM), latencies,
                             strict=True):
@@ -208,12 +209,14 @@ class XGBCostModel(ms.cost_model.PyCostModel):
         return [best_s / float(sc) if sc > 1e-6 else None for sc in self.predict_features(x)]
 
     # ---- MetaSchedule's CostModel interface (the evolutionary search calls predict)
-    def predict(self, context: Any, candidates: list[Any]) -> np.ndarray:
+    def predict(self, context: ms.TuneContext,
+                candidates: list[ms.MeasureCandidate]) -> np.ndarray:
         if not self.trained:
             return self._rng.random(len(candidates))
         return self.predict_features(self.features(context, candidates))
 
-    def update(self, context: Any, candidates: list[Any], results: list[Any]) -> None:
+    def update(self, context: ms.TuneContext, candidates: list[ms.MeasureCandidate],
+               results: list[ms.runner.RunnerResult]) -> None:
         lats = []
         for r in results:
             secs = [float(s) for s in (r.run_secs or [])]

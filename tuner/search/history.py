@@ -5,7 +5,7 @@ from the farm's model of the target (`tuner.search.farm_model`) and the workload
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import cast
 
 from schedules.registry import replay
 from tuner.core import tvm_api as tv
@@ -19,8 +19,8 @@ from tuner.search.costmodel import FEATURE_DIM, XGBCostModel
 log = logging.getLogger(__name__)
 
 
-def seed_database(store: Store, wid: int, tref: TargetRef, mod: Any, target: Any, space: str,
-                  top_k: int) -> Any:
+def seed_database(store: Store, wid: int, tref: TargetRef, mod: tv.IRModule, target: tv.Target,
+                  space: str, top_k: int) -> tv.ms.database.MemoryDatabase:
     """A MetaSchedule MemoryDatabase holding the `top_k` fastest records of this workload and
     space on this target, for the search's initial population."""
     db = tv.ms.database.MemoryDatabase()
@@ -33,7 +33,9 @@ def seed_database(store: Store, wid: int, tref: TargetRef, mod: Any, target: Any
             log.debug("record %s does not replay here: %s", row.trial_id, exc)
             continue
         db.commit_tuning_record(tv.ms.database.TuningRecord(
-            trace=sch.trace, workload=token, run_secs=[row.median_s], target=target,
+            # a replayed schedule is traced; `seed_records` gives valid records: with a median
+            trace=cast(tv.Trace, sch.trace), workload=token, run_secs=[cast(float, row.median_s)],
+            target=target,
             args_info=args_info))
     return db
 

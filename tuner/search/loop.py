@@ -37,7 +37,7 @@ import uuid
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import replace
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -168,7 +168,8 @@ class Tuner:
                               strategy=search_strategy(req.space),
                               seed=req.seed, num_threads=max(1, req.options.num_threads))
         model = trained_cost_model(self.store, run.tref, run.wid, req.seed)
-        strategy = ctx.search_strategy
+        # `search_strategy` makes an EvolutionarySearch
+        strategy = cast(tv.ms.search_strategy.EvolutionarySearch, ctx.search_strategy)
         memdb = seed_database(self.store, run.wid, run.tref, mod, run.target, req.space,
                               self.seed_top_k)
         args_info = tv.ms.arg_info.ArgInfo.from_prim_func(mod["main"])
@@ -178,8 +179,8 @@ class Tuner:
         overlap = int(strategy.population_size * strategy.init_measured_ratio)
         strategy.pre_tuning(max_trials=1 << 30, num_trials_per_iter=req.batch_size + overlap,
                             design_spaces=tv.design_spaces(ctx), database=memdb,
-                            cost_model=model)
-        related: list[Any] = []
+                            cost_model=cast(tv.ms.cost_model.CostModel, model))  # derived object
+        related: list[tv.ms.MeasureCandidate] = []
         if model.size == 0 and get_settings().cost_model_transfer:
             related = [t.cand for t in transfer.candidates(
                 self.store, run.tref, run.wid, req.space, ctx, args_info,
@@ -271,7 +272,8 @@ class Tuner:
         run.measured_now += 1
         if res.ok and res.median_s is not None:
             search.memdb.commit_tuning_record(tv.ms.database.TuningRecord(
-                trace=pick.cand.sch.trace, workload=search.token, run_secs=[res.median_s],
+                trace=cast(tv.Trace, pick.cand.sch.trace),  # the search's schedules are traced
+                workload=search.token, run_secs=[res.median_s],
                 target=run.target, args_info=search.args_info))
             if run.best is None or res.median_s < run.best.median_s:
                 run.best = Best(res.trial_id, res.median_s)
@@ -321,13 +323,13 @@ class Tuner:
                                   gflops(run.req.workload.flops, best_s), last, message))
 
     @staticmethod
-    def _input(req: TuneRequest, run: Run, cand: Any, cand_hash: str, x: np.ndarray,
-               predicted_s: float | None = None) -> MeasureInput:
-        trace_json = tv.trace_to_json(cand.sch.trace)
+    def _input(req: TuneRequest, run: Run, cand: tv.ms.MeasureCandidate, cand_hash: str,
+               x: np.ndarray, predicted_s: float | None = None) -> MeasureInput:
+        trace_json = tv.trace_to_json(cast(tv.Trace, cand.sch.trace))  # traced schedules
         job_id = run.job_id
         context = {"job_id": job_id, "workload_id": run.wid, "target_id": run.tref.id,
                    "space": req.space, "cand_hash": cand_hash,
-                   "decisions": tv.trace_decisions(cand.sch.trace),
+                   "decisions": tv.trace_decisions(cast(tv.Trace, cand.sch.trace)),
                    "features_b64": base64.b64encode(x.astype(np.float32).tobytes()).decode(),
                    "tvm_version": tv.tvm_version(), "knobs": run.namer(trace_json)}
         if predicted_s is not None and np.isfinite(predicted_s):

@@ -8,7 +8,8 @@ from typing import Any
 from tuner.core import tvm_api as tv
 
 
-def sample_space(strategy: Any, args_info: Any, n: int) -> list[Any]:
+def sample_space(strategy: tv.ms.search_strategy.EvolutionarySearch,
+                 args_info: list[tv.ms.arg_info.ArgInfo], n: int) -> list[tv.ms.MeasureCandidate]:
     """About 1.5 `n` random points of the design space (each design space's trace replayed with
     fresh decisions, then postprocessed), without evolution. `strategy` is a pre-tuned
     EvolutionarySearch; it returns at least its `init_min_unmeasured` points."""

@@ -4,11 +4,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 
 from schedules.naming import KnobNamer
+from tuner.core.tvm_api import Target, ms
 from tuner.db.rows import TargetRef
 from tuner.db.tables import JobState
 from tuner.measure import MeasureInput
@@ -32,8 +32,8 @@ class Run:
     job_id: str
     wid: int
     tref: TargetRef
-    target: Any  # tvm Target
-    space: Any  # the space's SpaceGenerator (or its shorthand)
+    target: Target  # tvm Target
+    space: ms.space_generator.SpaceGenerator.SpaceGeneratorType  # the SpaceGenerator or shorthand
     t0: float  # monotonic
     done: int  # the job's measured trials (infrastructure failures left out)
     best: Best | None  # the fastest valid record of the workload on the target (any job)
@@ -52,15 +52,15 @@ class Search:
     """The search side of a run: MetaSchedule's tune context and evolutionary search, tunefarm's
     cost model, the database seeding the population, and every candidate hash measured so far."""
 
-    ctx: Any
-    strategy: Any
+    ctx: ms.TuneContext
+    strategy: ms.search_strategy.EvolutionarySearch
     model: XGBCostModel
-    memdb: Any
-    token: Any  # the workload's token in `memdb`
-    args_info: Any
+    memdb: ms.database.MemoryDatabase
+    token: ms.database.Workload  # the workload's token in `memdb`
+    args_info: list[ms.arg_info.ArgInfo]
     measured: set[str]
     measured_before: frozenset[str]  # `measured` when the run started
-    related: list[Any]  # the first batch's head: schedules of related workloads (transfer)
+    related: list[ms.MeasureCandidate]  # the first batch's head: related workloads' schedules
     dup_batches: int = 0  # batches in a row with nothing new
     evolves: bool = True  # False once TVM's evolution failed on this program: sample instead
 
@@ -69,7 +69,7 @@ class Search:
 class Pick:
     """A proposed candidate to measure: its schedule, hash, features and input."""
 
-    cand: Any  # ms.MeasureCandidate
+    cand: ms.MeasureCandidate
     cand_hash: str
     features: np.ndarray
     inp: MeasureInput

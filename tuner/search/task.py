@@ -30,12 +30,12 @@ from tuner.workloads import Workload
 class CanonicalTarget:
     """A `tvm.target.Target` with its canonical dict and JSON (what the targets table stores)."""
 
-    target: Any
+    target: tv.Target
     as_dict: dict[str, Any]
     json: str
 
     @classmethod
-    def of(cls, spec: Any) -> CanonicalTarget:
+    def of(cls, spec: tv.Target | str | dict[str, Any]) -> CanonicalTarget:
         """From a target dict, its JSON, "host", or a `tvm.target.Target`."""
         target = spec if isinstance(spec, tv.tvm.target.Target) else tv.make_target(spec)
         return cls(target, tv.target_to_dict(target), tv.canonical_target_json(target))

@@ -19,7 +19,7 @@ import json
 import logging
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from schedules.knobs import divisors
 from tuner.core import tvm_api as tv
@@ -46,7 +46,7 @@ class _Mismatch(Exception):
 
 @dataclass(frozen=True)
 class Transferred:
-    cand: Any  # ms.MeasureCandidate
+    cand: tv.ms.MeasureCandidate
     changes: int  # knob values adapted to this workload (0: replayed as recorded)
 
 
@@ -129,8 +129,8 @@ def closest(source: list[str], designs: list[list[str]]) -> int:
     return max(range(len(designs)), key=lambda i: (scores[i], -i))
 
 
-def replay_with(mod: Any, design: Any, values: list[tuple[str, Any]],
-                postprocs: list[Any]) -> tuple[Any, int] | None:
+def replay_with(mod: tv.IRModule, design: tv.Trace, values: list[tuple[str, Any]],
+                postprocs: list[tv.ms.postproc.Postproc]) -> tuple[tv.Schedule, int] | None:
     """`design` (a design space's trace) replayed on a fresh schedule of `mod` with `values`,
     then postprocessed: (schedule, values changed to fit), or None when the space samples other
     knobs, a value cannot be made to fit, or a postprocessor rejects the program."""
@@ -138,7 +138,8 @@ def replay_with(mod: Any, design: Any, values: list[tuple[str, Any]],
     queue = list(values)
     changes = 0
 
-    def provide(inst: Any, inputs: list[Any], attrs: list[Any], decision: Any) -> Any:
+    def provide(inst: tv.tvm.s_tir.schedule.Instruction, inputs: list[Any], attrs: list[Any],
+                decision: object) -> object:
         nonlocal changes
         kind = inst.kind.name
         if not kind.startswith("Sample"):
@@ -147,7 +148,8 @@ def replay_with(mod: Any, design: Any, values: list[tuple[str, Any]],
             raise _Mismatch(kind)
         _, want = queue.pop(0)
         if kind == "SamplePerfectTile":
-            extent = int(sch.get(inputs[0]).extent)
+            # a SamplePerfectTile's input is a loop of a static extent
+            extent = int(cast(tv.tvm.tirx.IntImm, cast(tv.tvm.tirx.For, sch.get(inputs[0])).extent))
             got = adapt_tile(want, extent, int(attrs[1]))
             changes += got != want
             return got
@@ -170,8 +172,9 @@ def replay_with(mod: Any, design: Any, values: list[tuple[str, Any]],
     return sch, changes
 
 
-def candidates(store: Store, tref: TargetRef, wid: int, space: str, ctx: Any, args_info: Any,
-               limit: int, *, flops: float) -> list[Transferred]:
+def candidates(store: Store, tref: TargetRef, wid: int, space: str, ctx: tv.ms.TuneContext,
+               args_info: list[tv.ms.arg_info.ArgInfo], limit: int, *,
+               flops: float) -> list[Transferred]:
     """Up to `limit` programs for workload `wid` from the fastest records of other workloads in
     `space` on the target, one per distinct program: those replayed as recorded first, then
     those adapted (fewest changes first, and only up to half of `limit` in all), each group in
@@ -179,10 +182,13 @@ def candidates(store: Store, tref: TargetRef, wid: int, space: str, ctx: Any, ar
     replayed on the design space most like the one it was sampled from (`structure`)."""
     if limit <= 0:
         return []
-    mod = ctx.mod
-    designs = [s.trace for s in tv.design_spaces(ctx)]
+    # the search's context: made with a module and a space, whose postprocessors it filled in;
+    # its design spaces are traced
+    mod = cast(tv.IRModule, ctx.mod)
+    designs = [cast(tv.Trace, s.trace) for s in tv.design_spaces(ctx)]
     shapes = [structure(tv.trace_to_json(d)) for d in designs]
-    postprocs = list(ctx.space_generator.postprocs)
+    space_gen = cast(tv.ms.space_generator.SpaceGenerator, ctx.space_generator)
+    postprocs = list(cast("list[tv.ms.postproc.Postproc]", space_gen.postprocs))
     exact: list[Transferred] = []
     adapted: list[Transferred] = []
     seen: set[str] = set()

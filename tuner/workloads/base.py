@@ -12,18 +12,21 @@ import json
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeGuard, cast
 
 import numpy as np
 
 from ..core.errors import SpecError
+
+if TYPE_CHECKING:
+    from ..core.tvm_api import PrimFunc
 
 ArgSpec = tuple[str, tuple[int, ...], str]  # (name, shape, dtype)
 
 FLOAT_DTYPES = ("float32", "float64", "float16")
 
 
-def canonical_json(obj: Any) -> str:
+def canonical_json(obj: object) -> str:
     return json.dumps(obj, sort_keys=True, separators=(",", ":"))
 
 
@@ -39,11 +42,11 @@ def num_elements(shape: tuple[int, ...] | list[int]) -> int:
 # validation helpers
 
 
-def is_int(v: Any) -> bool:
+def is_int(v: object) -> TypeGuard[int | np.integer]:
     return isinstance(v, int | np.integer) and not isinstance(v, bool | np.bool_)
 
 
-def positive_int(v: Any, field_name: str, what: str) -> int:
+def positive_int(v: object, field_name: str, what: str) -> int:
     if not is_int(v):
         raise SpecError(f"{what} must be a positive integer, got {v!r}", field=field_name)
     if int(v) <= 0:
@@ -58,12 +61,12 @@ class ParamDef:
 
     name: str
     kind: str
-    default: Any
+    default: str | list[int]
     doc: str
     choices: tuple[str, ...] = ()
     minimum: int = 0
 
-    def normalize(self, value: Any) -> Any:
+    def normalize(self, value: object) -> str | list[int]:
         if self.kind == "choice":
             if not isinstance(value, str) or value not in self.choices:
                 raise SpecError(f"must be one of {', '.join(self.choices)}; got {value!r}",
@@ -191,8 +194,9 @@ class OpDef:
         parts.append(spec["dtype"])
         return " ".join(parts)
 
-    def prim_func(self, spec: dict[str, Any]) -> Any:
+    def prim_func(self, spec: dict[str, Any]) -> PrimFunc:
         from ..core.tvm_api import te
 
         assert self.compute is not None
-        return te.create_prim_func(self.compute(spec)).with_attr("global_symbol", "main")
+        return cast("PrimFunc",
+                    te.create_prim_func(self.compute(spec)).with_attr("global_symbol", "main"))

@@ -18,30 +18,35 @@ too (loop bounds that depend on data are refused there, not clamped).
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, cast
+
+if TYPE_CHECKING:
+    from ..core import tvm_api as tv
 
 __all__ = ["clamp_data_dependent", "dependent_vars", "depends_on_data", "proven_in_range"]
 
 
-def _tvm() -> tuple[Any, Any]:
+def _tvm() -> tuple[ModuleType, ModuleType]:
     from ..core.tvm_api import tvm, tvm_ffi
 
     return tvm, tvm_ffi
 
 
-def dependent_vars(body: Any) -> set[int]:
+def dependent_vars(body: tv.Stmt) -> set[int]:
     """The hashes of the variables bound (Bind, Let, a block iterator's binding) to a value that
     depends on a buffer's contents, transitively."""
     tvm, tvm_ffi = _tvm()
     tirx = tvm.tirx
-    bindings: list[tuple[Any, Any]] = []
+    bindings: list[tuple[tv.tvm.tirx.Var, tv.Expr]] = []
 
-    def bind(n: Any) -> None:
+    def bind(n: tv.tvm.tirx.Bind | tv.tvm.tirx.Let | tv.tvm.s_tir.SBlockRealize) -> None:
         if isinstance(n, tirx.Bind | tirx.Let):
             bindings.append((n.var, n.value))
         else:
-            bindings.extend((iv.var, v) for iv, v in zip(n.block.iter_vars, n.iter_values,
-                                                         strict=False))
+            bindings.extend((iv.var, v) for iv, v in zip(
+                cast("tv.tvm.s_tir.SBlockRealize", n).block.iter_vars,
+                cast("tv.tvm.s_tir.SBlockRealize", n).iter_values, strict=False))
 
     tvm_ffi.structural_walk(body, [((tirx.Bind, tirx.Let, tvm.s_tir.SBlockRealize), bind)])
     tainted: set[int] = set()
@@ -55,12 +60,12 @@ def dependent_vars(body: Any) -> set[int]:
     return tainted
 
 
-def depends_on_data(expr: Any, tainted: set[int]) -> bool:
+def depends_on_data(expr: tv.Expr, tainted: set[int]) -> bool:
     """Whether `expr` reads a buffer or a variable in `tainted`."""
     tvm, tvm_ffi = _tvm()
     found: list[bool] = []
 
-    def seen(x: Any) -> None:
+    def seen(x: tv.Expr) -> None:
         if isinstance(x, tvm.ir.TensorLoad) or hash(x) in tainted:
             found.append(True)
 
@@ -68,54 +73,55 @@ def depends_on_data(expr: Any, tainted: set[int]) -> bool:
     return bool(found)
 
 
-def proven_in_range(expr: Any, lo: int, hi: int) -> bool:
+def proven_in_range(expr: tv.Expr, lo: int, hi: int) -> bool:
     """Whether the analyser proves `lo <= expr <= hi` from the expression alone."""
     tvm, _ = _tvm()
     bound = tvm.sym.Analyzer().const_int_bound(expr)
     return int(bound.min_value) >= lo and int(bound.max_value) <= hi
 
 
-def _extent(dim: Any) -> int | None:
+def _extent(dim: tv.Expr) -> int | None:
     return int(dim.value) if hasattr(dim, "value") else None
 
 
-def _clamp(index: Any, upper: int) -> Any:
+def _clamp(index: tv.Expr, upper: int) -> tv.Expr:
     """`index` clamped into [0, upper] (its own dtype)."""
     tvm, _ = _tvm()
     tirx = tvm.tirx
-    dt = str(index.ty.dtype)
+    dt = str(index.ty.dtype)  # type: ignore[attr-defined]
     return tirx.max(tirx.min(index, tirx.const(upper, dt)), tirx.const(0, dt))
 
 
-def clamp_data_dependent(func: Any) -> Any:
+def clamp_data_dependent(func: tv.PrimFunc) -> tv.PrimFunc:
     """`func` with every data-dependent index the analyser cannot bound clamped into its
     buffer's extent (see the module docstring); `func` itself when there is none."""
     tvm, tvm_ffi = _tvm()
-    tainted = dependent_vars(func.body)
+    tainted = dependent_vars(func.body)  # type: ignore[attr-defined]
 
-    def fixed(index: Any, upper: int | None) -> Any:
+    def fixed(index: tv.Expr, upper: int | None) -> tv.Expr:
         if upper is None or upper < 0 or not depends_on_data(index, tainted) \
                 or proven_in_range(index, 0, upper):
             return index
         return _clamp(index, upper)
 
-    def indices(n: Any, buf: Any) -> list[Any] | None:
+    def indices(n: tv.tvm.ir.TensorLoad | tv.tvm.tirx.BufferStore,
+                buf: tv.Expr) -> list[tv.Expr] | None:
         """The access's indices with the unbounded data-dependent ones clamped; None: as is."""
         idx = [fixed(i, None if (e := _extent(d)) is None else e - 1)
-               for i, d in zip(n.indices, buf.shape, strict=False)]
+               for i, d in zip(n.indices, buf.shape, strict=False)]  # type: ignore[attr-defined]
         return idx if any(not a.same_as(b) for a, b in zip(idx, n.indices, strict=True)) else None
 
-    def load(n: Any) -> Any:
+    def load(n: tv.tvm.ir.TensorLoad) -> tv.Expr:
         idx = indices(n, n.source)
         return n if idx is None else tvm.tirx.BufferLoad(n.source, idx)
 
-    def store(n: Any) -> Any:
+    def store(n: tv.tvm.tirx.BufferStore) -> tv.Stmt:
         idx = indices(n, n.buffer)
         return n if idx is None else tvm.tirx.BufferStore(n.buffer, n.value, idx)
 
-    def region(n: Any) -> Any:
+    def region(n: tv.tvm.ir.TensorRegion) -> tv.Expr:
         ranges = []
-        for r, d in zip(n.region, n.source.shape, strict=False):
+        for r, d in zip(n.region, n.source.shape, strict=False):  # type: ignore[attr-defined]
             ext, size = _extent(r.extent), _extent(d)
             upper = None if ext is None or size is None else size - ext
             start = fixed(r.min, upper)
@@ -126,11 +132,11 @@ def clamp_data_dependent(func: Any) -> Any:
 
     callbacks: list[tuple[Any, Callable[[Any], Any]]] = [
         (tvm.ir.TensorLoad, load), (tvm.tirx.BufferStore, store), (tvm.ir.TensorRegion, region)]
-    body = tvm_ffi.structural_map(func.body, callbacks)
-    return func if body.same_as(func.body) else func.with_body(body)
+    body = tvm_ffi.structural_map(func.body, callbacks)  # type: ignore[attr-defined]
+    return func if body.same_as(func.body) else func.with_body(body)  # type: ignore[attr-defined]
 
 
-def unproven_access(func: Any) -> str | None:
+def unproven_access(func: tv.PrimFunc) -> str | None:
     """The first buffer access of `func` that the analyser cannot prove inside its buffer
     (`0 <= index < extent` in every dimension), described for an error message; None when every
     access is proven. The function is lowered first (init blocks, blocks and their predicates,
@@ -152,10 +158,10 @@ def unproven_access(func: Any) -> str | None:
     found: list[str] = []
     if_then_else = tvm.ir.Op.get("prim.if_then_else")
 
-    def check(buf: Any, indices: Any) -> None:
+    def check(buf: tv.Buffer, indices: list[tv.Expr]) -> None:
         if found:
             return
-        shape = list(buf.shape)
+        shape = list(buf.shape)  # type: ignore[attr-defined]
         if len(indices) != len(shape):
             found.append(f"{buf.name} indexed with {len(indices)} indices, it has "
                          f"{len(shape)} dimensions")
@@ -163,7 +169,8 @@ def unproven_access(func: Any) -> str | None:
         for dim, (index, extent) in enumerate(zip(indices, shape, strict=True)):
             lo, hi = _lanes(index, tirx)
             try:
-                proven = an.can_prove(lo >= 0) and an.can_prove(hi < extent)
+                proven = (an.can_prove(lo >= 0)  # type: ignore[operator]
+                          and an.can_prove(hi < extent))
             except Exception:  # e.g. a constant the simplifier folds past its dtype's range
                 proven = False
             if not proven:
@@ -171,7 +178,8 @@ def unproven_access(func: Any) -> str | None:
                              f": {index} within [0, {extent}) is not proven)")
                 return
 
-    def guarded(mutator: Any, cond: Any, then: Any, other: Any) -> None:
+    def guarded(mutator: tv.tvm_ffi.StructuralMutator, cond: tv.Expr, then: tv.Stmt | tv.Expr,
+                other: tv.Stmt | tv.Expr | None) -> None:
         mutator.mutate(cond)
         with an.constraint_scope(cond):
             mutator.mutate(then)
@@ -179,34 +187,38 @@ def unproven_access(func: Any) -> str | None:
             with an.constraint_scope(tirx.Not(cond)):
                 mutator.mutate(other)
 
-    def on_for(n: Any, mutator: Any) -> Any:
+    def on_for(n: tv.tvm.tirx.For, mutator: tv.tvm_ffi.StructuralMutator) -> tv.tvm.tirx.For:
         an.bind(n.loop_var, tvm.ir.Range.from_min_extent(n.min, n.extent), allow_override=True)
         mutator.default_mutate(n)
         return n
 
-    def on_bind(n: Any, mutator: Any) -> Any:
+    def on_bind(n: tv.tvm.tirx.Bind | tv.tvm.tirx.Let,
+                mutator: tv.tvm_ffi.StructuralMutator) -> tv.tvm.tirx.Bind | tv.tvm.tirx.Let:
         mutator.mutate(n.value)
         an.bind(n.var, n.value, allow_override=True)
         mutator.default_mutate(n)
         return n
 
-    def on_if(n: Any, mutator: Any) -> Any:
+    def on_if(n: tv.tvm.tirx.IfThenElse,
+              mutator: tv.tvm_ffi.StructuralMutator) -> tv.tvm.tirx.IfThenElse:
         guarded(mutator, n.condition, n.then_case, n.else_case)
         return n
 
-    def on_call(n: Any, mutator: Any) -> Any:
+    def on_call(n: tv.tvm.ir.Call, mutator: tv.tvm_ffi.StructuralMutator) -> tv.tvm.ir.Call:
         if n.op.same_as(if_then_else):
             guarded(mutator, n.args[0], n.args[1], n.args[2])
         else:
             mutator.default_mutate(n)
         return n
 
-    def on_load(n: Any, mutator: Any) -> Any:
-        check(n.source, n.indices)
+    def on_load(n: tv.tvm.ir.TensorLoad,
+                mutator: tv.tvm_ffi.StructuralMutator) -> tv.tvm.ir.TensorLoad:
+        check(cast("tv.Buffer", n.source), n.indices)
         mutator.default_mutate(n)
         return n
 
-    def on_store(n: Any, mutator: Any) -> Any:
+    def on_store(n: tv.tvm.tirx.BufferStore,
+                 mutator: tv.tvm_ffi.StructuralMutator) -> tv.tvm.tirx.BufferStore:
         check(n.buffer, n.indices)
         mutator.default_mutate(n)
         return n
@@ -221,7 +233,7 @@ def unproven_access(func: Any) -> str | None:
     return found[0] if found else None
 
 
-def _lanes(index: Any, tirx: Any) -> tuple[Any, Any]:
+def _lanes(index: tv.Expr, tirx: ModuleType) -> tuple[tv.Expr, tv.Expr]:
     """The lowest and highest lane of an index (a vector index: a Ramp or a Broadcast)."""
     if isinstance(index, tirx.Ramp):
         last = index.base + index.stride * (index.lanes - 1)

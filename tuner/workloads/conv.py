@@ -6,6 +6,7 @@ kernel and output tensors are laid out. stride/padding/dilation are canonical [h
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -54,7 +55,7 @@ def _check_window(spec: dict[str, Any], h: int, w: int, kh: int, kw: int, kh_idx
 
 
 def _patches(data: np.ndarray, spec: dict[str, Any], oh: int, ow: int, kh: int, kw: int,
-             nchw: bool) -> Any:
+             nchw: bool) -> Iterator[tuple[int, int, np.ndarray]]:
     """Yield (i, j, window) with window = padded input at kernel tap (i, j), strided to OHxOW."""
     (sh, sw), (ph, pw), (dh, dw) = spec["stride"], spec["padding"], spec["dilation"]
     pads = [(0, 0), (0, 0), (ph, ph), (pw, pw)] if nchw else [(0, 0), (ph, ph), (pw, pw), (0, 0)]

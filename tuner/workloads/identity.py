@@ -21,32 +21,35 @@ thing on the same argument shapes, so a schedule of one is valid for the other's
 
 from __future__ import annotations
 
-from typing import Any
+from typing import cast
 
-from ..core.tvm_api import shash_hex, structural_equal, tvm, tvm_ffi
+from ..core.tvm_api import IRModule, PrimFunc, shash_hex, structural_equal, tvm, tvm_ffi
 
 KEPT_ATTRS = frozenset({"tirx.noalias", "s_tir"})
 INT32_MAX = 2**31 - 1
 
 
-def _prim_func(mod_or_func: Any) -> Any:
+def _prim_func(mod_or_func: IRModule | PrimFunc) -> PrimFunc:
     if isinstance(mod_or_func, tvm.IRModule):
-        funcs = [f for f in mod_or_func.functions.values() if isinstance(f, tvm.tirx.PrimFunc)]
+        funcs = [f for f in mod_or_func.functions.values()  # type: ignore[attr-defined]
+                 if isinstance(f, tvm.tirx.PrimFunc)]
         if len(funcs) != 1:
             raise ValueError(f"the module holds {len(funcs)} PrimFuncs, not one")
         return funcs[0]
     return mod_or_func
 
 
-def _fits_int32(func: Any) -> bool:
+def _fits_int32(func: PrimFunc) -> bool:
     """Every buffer's element count and every loop extent is a constant below 2**31."""
-    loops: list[Any] = []
-    tvm_ffi.structural_walk(func.body, [((tvm.tirx.For,), loops.append)])
+    loops: list[tvm.tirx.For] = []
+    tvm_ffi.structural_walk(func.body,  # type: ignore[attr-defined]
+                            [((tvm.tirx.For,), loops.append)])
     if not all(isinstance(f.extent, tvm.tirx.IntImm) and f.extent.value <= INT32_MAX
                for f in loops):
         return False
 
-    for p in func.params:  # 0.27: a buffer parameter is a Var whose type is a BufferType
+    # 0.27: a buffer parameter is a Var whose type is a BufferType
+    for p in func.params:  # type: ignore[attr-defined]
         if not isinstance(getattr(p, "ty", None), tvm.tirx.BufferType):
             continue
         n = 1
@@ -59,7 +62,7 @@ def _fits_int32(func: Any) -> bool:
     return True
 
 
-def narrow_index(func: Any) -> Any:
+def narrow_index(func: PrimFunc) -> PrimFunc:
     """`func` with int32 loops, shapes and indices where they were int64, when everything fits
     int32 and no buffer holds int64 data (TVM's pass refuses those: they stay as they are)."""
     if not _fits_int32(func):
@@ -70,20 +73,21 @@ def narrow_index(func: Any) -> Any:
         return func
 
 
-def normal_form(mod_or_func: Any) -> Any:
+def normal_form(mod_or_func: IRModule | PrimFunc) -> IRModule:
     """`IRModule({"main": f'})` where f' is the normal form of the module's one PrimFunc."""
     func = _prim_func(mod_or_func)
     for key in list(func.attrs.keys()) if func.attrs is not None else []:
         if key not in KEPT_ATTRS:
-            func = func.without_attr(key)
-    return tvm.IRModule({"main": narrow_index(func.with_attr("global_symbol", "main"))})
+            func = cast(PrimFunc, func.without_attr(key))
+    return tvm.IRModule(
+        {"main": narrow_index(cast(PrimFunc, func.with_attr("global_symbol", "main")))})
 
 
-def identity_hash(mod_or_func: Any) -> str:
+def identity_hash(mod_or_func: IRModule | PrimFunc) -> str:
     """16 hex digits: the structural hash of `normal_form(mod_or_func)`."""
     return shash_hex(normal_form(mod_or_func))
 
 
-def same_computation(a: Any, b: Any) -> bool:
+def same_computation(a: IRModule | PrimFunc, b: IRModule | PrimFunc) -> bool:
     """Whether two modules (or PrimFuncs) have structurally equal normal forms."""
     return structural_equal(normal_form(a), normal_form(b))

@@ -36,12 +36,15 @@ import tempfile
 import threading
 from collections import OrderedDict
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from ..core import lean
 from ..core.config import get_settings
 from ..core.errors import SpecError
 from ..core.isolation import Limits, child_env
+
+if TYPE_CHECKING:
+    from ..core.tvm_api import PrimFunc
 
 FIELD = "tvmscript"
 CHILD_MODULE = "tuner.workloads.parse_child"
@@ -49,7 +52,7 @@ CACHE_SIZE = 256
 PARSE_NICE = 10  # parse children run niced: the API that started them stays responsive
 _ROOT = str(Path(__file__).resolve().parents[2])  # the directory that holds the tuner package
 
-_cache: OrderedDict[str, tuple[bool, Any]] = OrderedDict()
+_cache: OrderedDict[str, tuple[bool, PrimFunc | str]] = OrderedDict()
 _lock = threading.Lock()
 
 
@@ -57,7 +60,7 @@ def text_key(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
-def parse_isolated(vetted: str) -> Any:
+def parse_isolated(vetted: str) -> PrimFunc:
     """The PrimFunc of `vetted` (the output of `vet_tvmscript`), parsed in a child process, or
     SpecError(field="tvmscript")."""
     key = text_key(vetted)
@@ -73,8 +76,8 @@ def parse_isolated(vetted: str) -> Any:
                 _cache.popitem(last=False)
     ok, value = hit
     if not ok:
-        raise SpecError(value, field=FIELD)
-    return value
+        raise SpecError(cast(str, value), field=FIELD)
+    return cast("PrimFunc", value)
 
 
 def prime(vetted: list[str], *, chunk: int = 16) -> None:
@@ -102,7 +105,7 @@ def clear_cache() -> None:
         _cache.clear()
 
 
-def _parse_in_child(texts: list[str]) -> list[tuple[bool, Any]]:
+def _parse_in_child(texts: list[str]) -> list[tuple[bool, PrimFunc | str]]:
     """For each vetted text, (True, PrimFunc) or (False, the parser's or vetter's message), all
     parsed in one child; SpecError (not cached) when the child crashes, hits a limit or times
     out (the timeout is `parse_timeout_s` per text)."""
@@ -150,7 +153,7 @@ def _parse_in_child(texts: list[str]) -> list[tuple[bool, Any]]:
     return [_loaded(r) for r in replies]
 
 
-def _loaded(reply: Any) -> tuple[bool, Any]:
+def _loaded(reply: object) -> tuple[bool, PrimFunc | str]:
     """One text's result from the child's reply: the PrimFunc loaded from its TVM JSON (data:
     no Python of the submission runs here), or the rejection."""
     from ..core.tvm_api import load_json, tvm
@@ -177,7 +180,7 @@ def in_dropped_sandbox() -> bool:
     return os.geteuid() != 0 and not os.access(sys.executable, os.X_OK)
 
 
-def _parse_here(vetted: str) -> tuple[bool, Any]:
+def _parse_here(vetted: str) -> tuple[bool, PrimFunc | str]:
     from ..core.tvm_api import prim_func_from_tvmscript
 
     try:

@@ -70,7 +70,7 @@ def parse_spec(spec: dict[str, Any]) -> Workload:
                     _arg_specs=tuple(args), _tolerance=opdef.tolerance(canon))
 
 
-def _shape(opdef: OpDef, shape: Any) -> list[int]:
+def _shape(opdef: OpDef, shape: object) -> list[int]:
     n = len(opdef.shape_names)
     meaning = f"{opdef.name} takes a shape of {n} positive integers: {opdef.shape_doc}"
     if shape is None:
@@ -83,7 +83,7 @@ def _shape(opdef: OpDef, shape: Any) -> list[int]:
             for i, v in enumerate(shape)]
 
 
-def _dtype(opdef: OpDef, dtype: Any) -> str:
+def _dtype(opdef: OpDef, dtype: object) -> str:
     if not isinstance(dtype, str) or dtype not in opdef.dtypes:
         if len(opdef.dtypes) == 1:
             raise SpecError(f"{opdef.name} has the fixed dtype {opdef.dtypes[0]!r} "

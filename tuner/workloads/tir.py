@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -52,6 +52,9 @@ from .bounds import (
 from .tvmscript import FIELD, check_dims, param_buffers, parse_python, parse_tvmscript
 from .tvmscript_rules import MAX_UNROLL_EXTENT, MAX_UNROLLED_COPIES, MAX_VECTORIZED_EXTENT
 
+if TYPE_CHECKING:
+    from ..core.tvm_api import Buffer, Expr, IRModule, PrimFunc, Stmt, tvm
+
 SUPPORTED_DTYPES = ("bfloat16", "float16", "float32", "float64", "int8", "int16", "int32", "int64",
                     "uint8", "uint16", "uint32", "uint64", "bool")
 # op_pattern: relax's fusion class of the function (an integer), on every task it extracts
@@ -62,7 +65,7 @@ ALLOWED_FUNC_ATTRS = frozenset({"global_symbol", "tirx.noalias", "s_tir", "layou
 @dataclass(frozen=True)
 class ParsedTir:
     spec: dict[str, Any]
-    func: Any
+    func: PrimFunc
     key: str
     args: list[ArgSpec]
     flops: int
@@ -71,16 +74,17 @@ class ParsedTir:
     divisors: tuple[int, ...]  # float inputs read as a divisor: `Workload.make_inputs`
 
 
-def _const(expr: Any, what: str) -> int:
+def _const(expr: Expr, what: str) -> int:
     if not hasattr(expr, "value") or not is_int(getattr(expr, "value", None)):
         raise SpecError(f"{what} must be a constant, got {expr}", field=FIELD)
     return int(expr.value)
 
 
-def _check_buffer(buf: Any, limit: int) -> int:
+def _check_buffer(buf: Buffer, limit: int) -> int:
     """The element count of `buf`; SpecError past `limit` (for the whole buffer, or any one
     dimension: a (0, 2**40) buffer holds nothing but indexes far), or for a symbolic shape."""
-    dims = [_const(d, f"the shape of buffer {buf.name}") for d in buf.shape]
+    dims = [_const(d, f"the shape of buffer {buf.name}")
+            for d in buf.shape]  # type: ignore[attr-defined]
     check_dims(str(buf.name), dims, limit)
     if math.prod(dims) > limit:
         raise SpecError(f"buffer {buf.name} {dims} has {math.prod(dims)} elements; the limit is "
@@ -88,18 +92,20 @@ def _check_buffer(buf: Any, limit: int) -> int:
     return math.prod(dims)
 
 
-def _check_compact(buf: Any, how: str) -> None:
+def _check_compact(buf: Buffer, how: str) -> None:
     """SpecError for a buffer laid out other than compactly from its start (strides, an element
     offset): its indices no longer say which memory it touches, so no bound on them is a bound
     on the memory."""
-    offset = buf.elem_offset
-    if len(buf.strides) or not (hasattr(offset, "value") and int(offset.value) == 0):
-        raise SpecError(f"{how} {buf.name} has strides {list(buf.strides)} or an element offset "
+    offset = buf.elem_offset  # type: ignore[attr-defined]
+    if len(buf.strides) or not (  # type: ignore[attr-defined]
+            hasattr(offset, "value") and int(offset.value) == 0):
+        raise SpecError(f"{how} {buf.name} has strides "
+                        f"{list(buf.strides)} or an element offset "  # type: ignore[attr-defined]
                         f"{offset}: only compact buffers (no strides, elem_offset 0) are "
                         "allowed", field=FIELD)
 
 
-def _check_loop(node: Any) -> int:
+def _check_loop(node: tvm.tirx.For) -> int:
     """The constant extent of a For; SpecError past the vectorize/unroll caps."""
     from ..core.tvm_api import tvm
 
@@ -114,7 +120,7 @@ def _check_loop(node: Any) -> int:
     return extent
 
 
-def _count_iterations(stmt: Any, limit: int) -> int:
+def _count_iterations(stmt: Stmt, limit: int) -> int:
     """Sum over leaf statements of the product of the enclosing loop extents (whatever the leaf
     computes: a loop of no arithmetic runs too); checks loops (the product of nested unrolls:
     the code they expand to), and allocations (each buffer, and their total) on the way."""
@@ -173,7 +179,7 @@ def _count_iterations(stmt: Any, limit: int) -> int:
     return total
 
 
-def check_data_independent(body: Any) -> None:
+def check_data_independent(body: Stmt) -> None:
     """SpecError naming the buffer when a buffer index (of a load or a store) or a buffer region
     depends on a value read from a buffer, directly or through a variable bound to one (a
     Bind/let, a block iterator's binding), and is not provably inside the buffer (what
@@ -183,12 +189,12 @@ def check_data_independent(body: Any) -> None:
     from ..core.tvm_api import tvm, tvm_ffi
 
     tirx, load_t = tvm.tirx, tvm.ir.TensorLoad
-    nodes: list[Any] = []
+    nodes: list[Expr | Stmt] = []
     tvm_ffi.structural_walk(body, [((load_t, tirx.BufferStore, tirx.For, tvm.ir.TensorRegion),
                                     nodes.append)])
     tainted = dependent_vars(body)
 
-    def unbounded(index: Any, dim: Any) -> bool:
+    def unbounded(index: Expr, dim: Expr) -> bool:
         return depends_on_data(index, tainted) and not (
             hasattr(dim, "value") and proven_in_range(index, 0, int(dim.value) - 1))
 
@@ -199,20 +205,22 @@ def check_data_independent(body: Any) -> None:
     for n in nodes:  # accesses first: their message names the buffer
         if isinstance(n, load_t | tirx.BufferStore):
             buf = n.source if isinstance(n, load_t) else n.buffer
-            if any(unbounded(i, d) for i, d in zip(n.indices, buf.shape, strict=False)):
+            if any(unbounded(i, d) for i, d in zip(n.indices,
+                                                   buf.shape,  # type: ignore[attr-defined]
+                                                   strict=False)):
                 raise refuse(f"an index of buffer {getattr(buf, 'name', buf)}")
     for n in nodes:
         if isinstance(n, tirx.For) and (depends_on_data(n.min, tainted)
                                         or depends_on_data(n.extent, tainted)):
             raise refuse(f"the bounds of loop {n.loop_var}")
         if isinstance(n, tvm.ir.TensorRegion):
-            for r, d in zip(n.region, n.source.shape, strict=False):
+            for r, d in zip(n.region, n.source.shape, strict=False):  # type: ignore[attr-defined]
                 if depends_on_data(r.extent, tainted) or unbounded(r.min, d):
                     raise refuse(f"a region [{r.min}, {r.min} + {r.extent}) of buffer "
                                  f"{getattr(n.source, 'name', n.source)}")
 
 
-def _flops(mod: Any, iterations: int) -> int:
+def _flops(mod: IRModule, iterations: int) -> int:
     from ..core.tvm_api import tvm
 
     try:
@@ -242,8 +250,9 @@ def parse_tir(spec: dict[str, Any]) -> ParsedTir:
     if bad_attrs:
         raise SpecError(f"function attribute(s) {', '.join(bad_attrs)} not allowed (allowed: "
                         f"{', '.join(sorted(ALLOWED_FUNC_ATTRS))})", field=FIELD)
-    if nout > len(func.params):
-        raise SpecError(f"num_outputs={nout} but the function has {len(func.params)} parameters",
+    if nout > len(func.params):  # type: ignore[attr-defined]
+        raise SpecError(f"num_outputs={nout} but the function has "
+                        f"{len(func.params)} parameters",  # type: ignore[attr-defined]
                         field="num_outputs")
     args: list[ArgSpec] = []
     for name, shape, dtype in param_buffers(func):
@@ -252,8 +261,9 @@ def parse_tir(spec: dict[str, Any]) -> ParsedTir:
                             f"{', '.join(SUPPORTED_DTYPES)}", field=FIELD)
         args.append((name, tuple(shape), dtype))
     limits = get_settings()
-    iterations = _count_iterations(func.body, int(min(limits.max_ops, limits.max_iterations)))
-    check_data_independent(func.body)
+    iterations = _count_iterations(func.body,  # type: ignore[attr-defined]
+                                   int(min(limits.max_ops, limits.max_iterations)))
+    check_data_independent(func.body)  # type: ignore[attr-defined]
     mod = tvm.IRModule({"main": func})
     try:
         tvm.s_tir.analysis.OOBChecker()(mod)
@@ -278,18 +288,20 @@ def parse_tir(spec: dict[str, Any]) -> ParsedTir:
                      _tolerance(args[-nout:], flops), _divisors(func, args[:len(args) - nout]))
 
 
-def _divisors(func: Any, inputs: list[ArgSpec]) -> tuple[int, ...]:
+def _divisors(func: PrimFunc, inputs: list[ArgSpec]) -> tuple[int, ...]:
     """The float inputs that some division reads in its divisor (relax's batch norm divides by
     a per-channel constant): drawn away from zero by `Workload.make_inputs`, since a divisor
     near 0 turns the kernel's own rounding (a reordered sum) into a wrong answer."""
     from ..core.tvm_api import tvm, tvm_ffi
 
-    divs: list[Any] = []
-    tvm_ffi.structural_walk(func.body, [((tvm.tirx.Div,), divs.append)])
-    loads: list[Any] = []
+    divs: list[tvm.tirx.Div] = []
+    tvm_ffi.structural_walk(func.body,  # type: ignore[attr-defined]
+                            [((tvm.tirx.Div,), divs.append)])
+    loads: list[tvm.ir.TensorLoad] = []
     for d in divs:
         tvm_ffi.structural_walk(d.b, [((tvm.ir.TensorLoad,), loads.append)])
-    params = list(func.params)[:len(inputs)]  # buffer parameters (TVM 0.27: no buffer_map)
+    # buffer parameters (TVM 0.27: no buffer_map)
+    params = list(func.params)[:len(inputs)]  # type: ignore[attr-defined]
     return tuple(i for i, (p, (_, _, dt)) in enumerate(zip(params, inputs, strict=True))
                  if dt.startswith("float") and any(ld.source.same_as(p) for ld in loads))
 
@@ -329,13 +341,13 @@ def output_fill(shape: tuple[int, ...], dtype: str, fill: str = "zeros") -> np.n
     return np.full(shape, np.nan, dtype=dtype)
 
 
-def run_reference(mod: Any, args: list[ArgSpec], inputs: list[np.ndarray],
+def run_reference(mod: IRModule, args: list[ArgSpec], inputs: list[np.ndarray],
                   fill: str = "zeros") -> list[np.ndarray]:
     """Build `mod` unscheduled for {"kind": "llvm"}, run it on `inputs` with its outputs filled
     as `output_fill` says, return the outputs."""
     from ..core.tvm_api import tvm
 
-    ex = tvm.compile(mod, target={"kind": "llvm"})
+    ex = tvm.compile(mod, target={"kind": "llvm"})  # type: ignore[arg-type]
     dev = tvm.cpu()
     outs = [tvm.runtime.tensor(output_fill(tuple(shape), dt, fill), dev)
             for _, shape, dt in args[len(inputs):]]
@@ -369,7 +381,7 @@ class TirOpDef(OpDef):
     def example(self) -> dict[str, Any]:
         return {"op": "tir", "tvmscript": TIR_EXAMPLE, "num_outputs": 1}
 
-    def prim_func(self, spec: dict[str, Any]) -> Any:
+    def prim_func(self, spec: dict[str, Any]) -> PrimFunc:
         return parse_tir(spec).func
 
 

@@ -45,7 +45,7 @@ import ast
 import math
 import threading
 import unicodedata
-from typing import Any
+from typing import TYPE_CHECKING, cast
 
 from ..core.config import get_settings
 from ..core.errors import SpecError
@@ -68,6 +68,9 @@ from .tvmscript_rules import (
     UNBINDABLE,
     VALUE_ATTRS,
 )
+
+if TYPE_CHECKING:
+    from ..core.tvm_api import PrimFunc
 
 
 def _fail(msg: str, node: ast.AST | SyntaxError | None = None) -> SpecError:
@@ -298,7 +301,7 @@ def _check_node(node: ast.AST, bound: set[str], seqs: set[str], loop_iters: set[
             raise _fail("operators on lists, tuples, dicts or strings are not allowed", node)
 
 
-def canonical_text(text: Any) -> str:
+def canonical_text(text: object) -> str:
     """The one text that is vetted and parsed: CRLF and lone CR turned into LF, once. SpecError
     for any other line-breaking character and any control/format character but tab and LF,
     wherever it stands (comment, string literal or code), naming the character and its line."""
@@ -328,7 +331,7 @@ def _structure_and_names(text: str) -> tuple[ast.Module, ast.FunctionDef, set[st
     return tree, fn, bound, seqs
 
 
-def vet_tvmscript(text: Any) -> str:
+def vet_tvmscript(text: object) -> str:
     """Check untrusted TVMScript; return the text to hand to the parser: the canonical text
     (`canonical_text`) whose AST was vetted, the optional import line blanked out (the parser
     supplies `T` and refuses imports). Raises SpecError."""
@@ -370,23 +373,23 @@ def prime_parser(texts: list[str]) -> None:
     prime(vetted)
 
 
-def parse_tvmscript(text: Any) -> Any:
+def parse_tvmscript(text: object) -> PrimFunc:
     """Vet, then parse untrusted TVMScript into a PrimFunc (global_symbol set to "main") in a
     throwaway child process (results cached by content). Every failure is a
     SpecError(field="tvmscript")."""
     func = parse_isolated(vet_tvmscript(text))
     check_params(func)
-    return func.with_attr("global_symbol", "main")
+    return cast("PrimFunc", func.with_attr("global_symbol", "main"))
 
 
-def param_buffers(func: Any) -> list[tuple[str, list[int], str]]:
+def param_buffers(func: PrimFunc) -> list[tuple[str, list[int], str]]:
     """(name, constant shape, dtype) of every parameter; SpecError unless each one is a compact
     global T.Buffer with a constant shape. (In TVM 0.27 a PrimFunc has no buffer_map: buffer
     parameters are Vars whose type is a BufferType.)"""
     from ..core.tvm_api import tvm
 
     out = []
-    for p in func.params:
+    for p in func.params:  # type: ignore[attr-defined]
         if not isinstance(getattr(p, "ty", None), tvm.tirx.BufferType):
             raise SpecError(f"parameter {p.name} is not a buffer: every parameter must be a "
                             "T.Buffer with a constant shape", field=FIELD)
@@ -410,7 +413,7 @@ def check_dims(name: str, dims: list[int], limit: int) -> None:
                             f"(max_tensor_elements) is {limit}", field=FIELD)
 
 
-def check_params(func: Any) -> None:
+def check_params(func: PrimFunc) -> None:
     limit = get_settings().max_tensor_elements
     for name, dims, _ in param_buffers(func):
         check_dims(name, dims, limit)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import ml_dtypes  # noqa: F401  (gives numpy the "bfloat16" dtype)
 import numpy as np
@@ -12,6 +12,9 @@ import numpy as np
 from ..core.errors import SpecError
 from .base import ArgSpec, canonical_json
 from .ops import OPS
+
+if TYPE_CHECKING:
+    from ..core.tvm_api import IRModule, PrimFunc
 
 
 @dataclass(frozen=True)
@@ -54,13 +57,13 @@ class Workload:
 
     # --- TVM side ------------------------------------------------------------------------------
 
-    def prim_func(self) -> Any:
+    def prim_func(self) -> PrimFunc:
         """The (cached) PrimFunc: params are inputs then outputs; global_symbol "main"."""
         if "func" not in self._cache:
             self._cache["func"] = OPS[self.op].prim_func(self.spec)
         return self._cache["func"]
 
-    def mod(self) -> Any:
+    def mod(self) -> IRModule:
         if "mod" not in self._cache:
             from ..core.tvm_api import tvm
 
