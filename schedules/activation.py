@@ -30,6 +30,7 @@ from schedules.base import StructuralTemplate, is_x86, vector_lanes
 from schedules.intrinsics import ACTIVATION_F32, use
 from schedules.knobs import Categorical, PerfectTile, divides, knob_table
 from schedules.match_rows import ActivationMatch, match_activation
+from tuner.core.tvm_api import fuse
 from tuner.workloads import Workload
 
 if TYPE_CHECKING:
@@ -111,15 +112,14 @@ def _schedule(t: ActivationX86, sch: Schedule, m: ActivationMatch) -> tuple[int,
     # the steps of a row split [outer, inner], the outer fused with the rows and run in parallel
     # (a split of rows and steps fused would leave bindings `tensorize` cannot blockize)
     j0, ser = t.split(sch, "tile", jo)
-    sch.parallel(sch.fuse(*rows, j0) if rows else j0)  # type: ignore[arg-type]
+    sch.parallel(fuse(sch, *rows, j0) if rows else j0)
     act = sch.get_sblock(m.act)
     if at < len(blocks) - 1:
         sch.compute_at(act, ser, preserve_unit_loops=True)
     if m.input_block is not None:
         producer = sch.get_sblock(m.input_block)
         sch.compute_at(producer, ser, preserve_unit_loops=True)
-        _, lanes = sch.split(sch.fuse(*sch.get_loops(producer)[2:]),  # type: ignore[arg-type]
-                             [None, LANES])
+        _, lanes = sch.split(fuse(sch, *sch.get_loops(producer)[2:]), [None, LANES])
         sch.vectorize(lanes)
     intrin = use(ACTIVATION_F32.format(fn=m.fn))
     if at == len(blocks) - 1:  # the activation writes the output: its own lanes are the step's
@@ -128,7 +128,7 @@ def _schedule(t: ActivationX86, sch: Schedule, m: ActivationMatch) -> tuple[int,
     own = sch.get_loops(act)[2:]
     per_step = math.prod(int(cast("tvm.tirx.IntImm", cast("tvm.tirx.For", sch.get(loop)).extent))
                          for loop in own)
-    _, lanes = sch.split(sch.fuse(*own), [None, LANES])  # type: ignore[arg-type]
+    _, lanes = sch.split(fuse(sch, *own), [None, LANES])
     sch.tensorize(lanes, intrin)
     sch.vectorize(jl)
     return per_step, step

@@ -45,7 +45,7 @@ from schedules.int8 import PARALLEL, pack_weight
 from schedules.intrinsics import use
 from schedules.knobs import Categorical, DesignSpace, Fixed, Knob, PerfectTile, knob_table
 from schedules.match import BF16, INT8, GemmMatch, match_gemm, plain_gemm
-from tuner.core.tvm_api import Schedule, Target, ms, tvm_ffi
+from tuner.core.tvm_api import Schedule, Target, ms, reorder, tvm_ffi
 from tuner.workloads import Workload
 
 CHUNKS = ("2048", "1024", "768", "512", "256")  # K elements per micro-kernel call
@@ -154,7 +154,7 @@ class AmxGemm(StructuralTemplate):
         i0, i1 = self.split(sch, "rows", i)
         j0, j1 = self.split(sch, "cols", j)
         mid = (i1, j1) if order == "ij" else (j1, i1)
-        sch.reorder(i0, j0, k0, *mid, ii, jj, kk)  # type: ignore[arg-type]
+        reorder(sch, i0, j0, k0, *mid, ii, jj, kk)
         if ap is not None:  # per parallel tile and chunk of K: the rows its cache block reads
             sch.compute_at(ap, k0, preserve_unit_loops=True)
             _, lanes = sch.split(sch.get_loops(ap)[-1], [None, step])  # 64 bytes

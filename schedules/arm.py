@@ -57,6 +57,7 @@ from schedules.base import StructuralTemplate, finish_register_tile, fold_epilog
 from schedules.intrinsics import USDOT_LOCAL_INTRIN, use
 from schedules.knobs import Categorical, PerfectTile, knob_table
 from schedules.match import INT8, GemmMatch, match_gemm, plain_gemm
+from tuner.core.tvm_api import reorder
 from tuner.workloads import Workload
 
 if TYPE_CHECKING:
@@ -126,10 +127,10 @@ class _NeonGemm(StructuralTemplate):
         if dot:
             ko, k4 = sch.split(k, [None, DOT_K])
             k0, k1 = self.split(sch, "tile_k", ko)
-            sch.reorder(i0, j0, i1, j1, k0, k1, i2, j2, jl, k4)  # type: ignore[arg-type]
+            reorder(sch, i0, j0, i1, j1, k0, k1, i2, j2, jl, k4)
         else:
             k0, k1 = self.split(sch, "tile_k", k)
-            sch.reorder(i0, j0, i1, j1, k0, k1, i2, j2, jl)  # type: ignore[arg-type]
+            reorder(sch, i0, j0, i1, j1, k0, k1, i2, j2, jl)
         finish_register_tile(sch, blk, parallel=[i0, j0], acc_at=j1, unrolled=[k1, i2, j2],
                              vector=None if dot else jl, k0=k0, lanes=LANES, epilogue=epilogue)
         return jl

@@ -39,7 +39,9 @@ from tuner.core.tvm_api import (
     SBlockRV,
     Schedule,
     Target,
+    fuse,
     ms,
+    split_loop,
     tvm,
 )
 from tuner.workloads import Workload
@@ -128,7 +130,7 @@ def finish_register_tile(sch: Schedule, blk: SBlockRV, *, parallel: list[LoopRV]
     sch.reverse_compute_at(acc, acc_at, preserve_unit_loops=True)
     if epilogue is not None:
         sch.reverse_compute_inline(epilogue)
-    sch.parallel(sch.fuse(*parallel))  # type: ignore[arg-type]
+    sch.parallel(fuse(sch, *parallel))
     for loop in unrolled:
         sch.unroll(loop)
     if vector is not None:
@@ -214,7 +216,7 @@ class Template(ABC):
             naming.note(name)
             v = sch.sample_categorical(candidates=cands, probs=uniform(len(cands)))
             return list(sch.split(loop, [None, v]))
-        return list(sch.split(loop, self.tile(sch, name, loop)))  # type: ignore[arg-type]
+        return list(split_loop(sch, loop, self.tile(sch, name, loop)))
 
     def knob_extents(self, workload: Workload) -> dict[str, int]:
         """The extents a knob's values depend on, for `workload` (rendered by `knobs`)."""

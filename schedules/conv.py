@@ -53,6 +53,7 @@ from schedules.knobs import (
 )
 from schedules.match import NoMatch
 from schedules.match_conv import ConvMatch, DepthwiseMatch, match_conv, match_depthwise
+from tuner.core.tvm_api import fuse, reorder
 from tuner.workloads import Workload
 
 if TYPE_CHECKING:
@@ -250,8 +251,8 @@ class _Conv2dX86(_Direct):
             red = [rc0, rc1, rh, rw] if order == "c-outer" else [rc0, rh, rw, rc1]
         else:  # [O/L, KH, KW, C, L]; C is also contiguous in the data
             red = [rc0, rh, rw, rc1] if order == "c-outer" else [rh, rw, rc0, rc1]
-        sch.reorder(n, ob0, oh0, oh1, ob1, ow0, *red, ow1, ob2, *vec)  # type: ignore[arg-type]
-        par = sch.fuse(n, ob0, oh0)  # type: ignore[arg-type]
+        reorder(sch, n, ob0, oh0, oh1, ob1, ow0, *red, ow1, ob2, *vec)
+        par = fuse(sch, n, ob0, oh0)
         acc = sch.cache_write(conv, 0, "local")
         if nchw:
             # the register tile is (ow x ocv*16 output channels): channels innermost in the
@@ -339,8 +340,8 @@ class DepthwiseNCHWX86(_Direct):
         oh0, oh1, oh2 = self.split(sch, "tile_oh", oh)
         owv, ow2 = self.split(sch, "lanes", ow)
         ow0, ow1 = self.split(sch, "tile_ow", owv)
-        sch.reorder(b, c0, oh0, c1, oh1, ow0, *red, oh2, ow1, ow2)  # type: ignore[arg-type]
-        par = sch.fuse(b, c0, oh0)  # type: ignore[arg-type]
+        reorder(sch, b, c0, oh0, c1, oh1, ow0, *red, oh2, ow1, ow2)
+        par = fuse(sch, b, c0, oh0)
         acc = sch.cache_write(conv, 0, "local")
         self._write_back(sch, acc, ow0, epilogue)
         padb = [p for p in sch.get_producers(conv)

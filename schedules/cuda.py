@@ -42,7 +42,7 @@ import math
 
 from schedules.base import Template
 from schedules.knobs import Categorical, PerfectTile, knob_table
-from tuner.core.tvm_api import Schedule, Target, load_tensor_intrins, ms
+from tuner.core.tvm_api import Schedule, Target, fuse, load_tensor_intrins, ms, reorder
 from tuner.workloads import Workload
 
 FRAG = 16  # wmma m16n16k16
@@ -150,10 +150,10 @@ class DenseWmmaCuda(Template):
             tiles.append(sch.split(loop, [None, warps, frags]))  # [block, warp, frag]
         (i_b, i_w, i_f), (j_b, j_w, j_f) = tiles
         k0, k1 = self.split(sch, "tile_k", k_o)
-        sch.reorder(i_b, j_b, i_w, j_w, k0, k1, i_f, j_f, i_t, j_t, k_t)  # type: ignore[arg-type]
+        reorder(sch, i_b, j_b, i_w, j_w, k0, k1, i_f, j_f, i_t, j_t, k_t)
         sch.bind(i_b, "blockIdx.y")
         sch.bind(j_b, "blockIdx.x")
-        warp = sch.fuse(i_w, j_w)  # type: ignore[arg-type]
+        warp = fuse(sch, i_w, j_w)
         sch.bind(warp, "threadIdx.y")
         # the wmma ops run on whole warps: threadIdx.x (32 lanes) for the cooperative fetch
         sch.annotate(blk, "warp_execution", 1)
@@ -173,7 +173,7 @@ class DenseWmmaCuda(Template):
         for stage, knob in ((a_shared, "vector_a"), (b_shared, "vector_b")):
             sch.compute_at(stage, k0)
             sch.storage_align(stage, 0, axis=-2, factor=32, offset=8)
-            sch.fuse(*sch.get_loops(stage)[-2:])  # type: ignore[arg-type]
+            fuse(sch, *sch.get_loops(stage)[-2:])
             sch.annotate(stage, "meta_schedule.cooperative_fetch", self.sample(sch, knob))
         init = sch.decompose_reduction(blk, k0)
         sch.tensorize(sch.get_loops(init)[-2], FILL)
@@ -181,5 +181,5 @@ class DenseWmmaCuda(Template):
         rows, cols = sch.get_loops(acc)[-2:]
         rows_o, rows_t = sch.split(rows, [None, FRAG])
         cols_o, cols_t = sch.split(cols, [None, FRAG])
-        sch.reorder(rows_o, cols_o, rows_t, cols_t)  # type: ignore[arg-type]
+        reorder(sch, rows_o, cols_o, rows_t, cols_t)
         sch.tensorize(rows_t, STORE)

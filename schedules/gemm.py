@@ -48,6 +48,7 @@ from schedules.intrinsics import ACTIVATION_F32, use
 from schedules.knobs import Categorical, DesignSpace, PerfectTile, divides, knob_table
 from schedules.match import GemmMatch, match_gemm
 from schedules.match_rows import activation_of
+from tuner.core.tvm_api import fuse, reorder
 from tuner.workloads import Workload
 
 if TYPE_CHECKING:
@@ -147,7 +148,7 @@ class GemmX86(StructuralTemplate):
         epilogue = fold_epilogue(sch, rest) if act is None else None
         *batch, i, j, k = sch.get_loops(blk)
         if g.shared_weight:  # x[b, m, k] · w[k, n]: batch_size * m rows of one GEMM
-            i, batch = sch.fuse(*batch, i), []  # type: ignore[arg-type]
+            i, batch = fuse(sch, *batch, i), []
         m, n16 = (int(cast("tvm.tirx.IntImm", cast("tvm.tirx.For", sch.get(i)).extent)),
                   int(cast("tvm.tirx.IntImm", cast("tvm.tirx.For", sch.get(j)).extent)) // LANES)
         mr = self.sample(sch, "mr", extent=m)
@@ -160,7 +161,7 @@ class GemmX86(StructuralTemplate):
         k_extent = cast("tvm.tirx.IntImm", cast("tvm.tirx.For", sch.get(k)).extent)
         k0, k1 = sch.split(k, [None, self.sample(sch, "unroll_k", extent=int(k_extent))])
         middle = [i1, j1] if order == "m-outer" else [j1, i1]
-        sch.reorder(*batch, i0, j0, *middle, k0, k1, i2, j2, jl)  # type: ignore[arg-type]
+        reorder(sch, *batch, i0, j0, *middle, k0, k1, i2, j2, jl)
         finish_register_tile(sch, blk, parallel=[*batch, i0, j0], acc_at=middle[-1],
                              unrolled=[k1, i2, j2], vector=jl, k0=k0, lanes=LANES,
                              epilogue=epilogue)

@@ -65,7 +65,7 @@ from schedules.dot_intrinsics import PMADDWD_8x2_AVX2, VNNI_16x4_LLVM22
 from schedules.intrinsics import use
 from schedules.knobs import Categorical, DesignSpace, Fixed, Knob, PerfectTile, knob_table
 from schedules.match import INT8, GemmMatch, match_gemm, plain_gemm
-from tuner.core.tvm_api import SBlockRV, Schedule, Target, Trace, derived_object, ms
+from tuner.core.tvm_api import SBlockRV, Schedule, Target, Trace, derived_object, ms, reorder
 from tuner.workloads import Workload
 
 MAX_ROWS = 8  # rows of the micro-kernel
@@ -270,7 +270,7 @@ class PackedDotGemm(StructuralTemplate):
         j0, j1, j2 = self.split(sch, "vectors", j)
         k0, k1 = self.split(sch, "k_block", k)  # innermost up to the whole K/4
         mid = (i1, j1) if order == "ij" else (j1, i1)
-        sch.reorder(i0, j0, k0, *mid, k1, i2, j2, j16, k4)  # type: ignore[arg-type]
+        reorder(sch, i0, j0, k0, *mid, k1, i2, j2, j16, k4)
         if self.llvm_import:  # the intrinsic's LLVM function, imported into the kernel's module
             # by the k0 loop: the root block is rebuilt by relax's SplitLayoutRewritePreproc
             # (its annotations lost), and the parallel postproc fuses the loops above k0

@@ -30,7 +30,16 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 
-from tuner.core.tvm_api import Expr, PrimFunc, tvm, tvm_ffi
+from tuner.core.tvm_api import (
+    Expr,
+    PrimFunc,
+    buffer_shape,
+    expr_dtype,
+    func_body,
+    func_params,
+    tvm,
+    tvm_ffi,
+)
 from tuner.workloads import Workload
 
 DATA_PAR, COMM_REDUCE = 0, 2  # tvm.tirx.IterVar kinds
@@ -71,10 +80,9 @@ class NoMatch:
 def child_blocks(func: PrimFunc) -> list[Any]:
     """The root block's child blocks in program order (none nested deeper is expected)."""
     found: list[Any] = []
-    tvm_ffi.structural_walk(func.body,  # type: ignore[attr-defined]
-                            [((tvm.s_tir.SBlockRealize,), found.append)])
-    root = func.body.block if isinstance(func.body,  # type: ignore[attr-defined]
-                                         tvm.s_tir.SBlockRealize) else None
+    body = func_body(func)
+    tvm_ffi.structural_walk(body, [((tvm.s_tir.SBlockRealize,), found.append)])
+    root = body.block if isinstance(body, tvm.s_tir.SBlockRealize) else None
     return [r.block for r in found if root is None or not r.block.same_as(root)]
 
 
@@ -98,7 +106,7 @@ def _operand(e: Any) -> Any:
     """The load under an int32 or float32 cast (how an int8 or bf16 GEMM widens its operands),
     or `e` itself."""
     if isinstance(e, tvm.tirx.Cast) \
-            and str(e.ty.dtype) in ("int32", "float32"):  # type: ignore[attr-defined]
+            and str(expr_dtype(e)) in ("int32", "float32"):
         return e.value
     return e
 
@@ -203,7 +211,7 @@ def epilogue_problem(blocks: list[Any], c_shape: list[int], written: list[Any],
             earlier = any(ld.source.same_as(x) for x in written)
             exact = len(ld.indices) == len(its) and all(map(is_var, ld.indices, its))
             subset = all(any(is_var(e, x) for x in its) or unit_dim(e, d) for e, d in zip(
-                ld.indices, ld.source.shape, strict=True))  # type: ignore[attr-defined]
+                ld.indices, buffer_shape(ld.source), strict=True))
             if (earlier and not exact) or not subset:
                 return (f"block {b.name_hint} reads {cast(tvm.tirx.Buffer, ld.source).name} "
                         "at other indices")
@@ -222,7 +230,7 @@ def match_gemm_func(func: PrimFunc) -> GemmMatch | NoMatch:
     if isinstance(got, str):
         return NoMatch(got)
     batch, batch_size, m, n, k, weight, w_axes, dtype = got
-    params = list(func.params)  # type: ignore[attr-defined]
+    params = list(func_params(func))
     c = blocks[0].body.buffer
     rest = blocks[1:]
     if rest and any(c.same_as(p) for p in params):

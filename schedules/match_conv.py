@@ -33,7 +33,16 @@ from schedules.match import (
     epilogue_problem,
     is_var,
 )
-from tuner.core.tvm_api import Expr, PrimFunc, SBlock, tvm, tvm_ffi
+from tuner.core.tvm_api import (
+    Expr,
+    PrimFunc,
+    SBlock,
+    buffer_dtype,
+    const_shape,
+    func_params,
+    tvm,
+    tvm_ffi,
+)
 from tuner.workloads import Workload
 
 
@@ -103,8 +112,7 @@ def _accumulation(b: SBlock, reductions: tuple[int, ...]) -> tuple[Any, Any, Any
             and isinstance(v.a, tvm.ir.TensorLoad) and v.a.source.same_as(st.buffer)
             and isinstance(v.b.a, tvm.ir.TensorLoad) and isinstance(v.b.b, tvm.ir.TensorLoad)):
         return "the reduction is not out += data * kernel"
-    if any(str(x.dtype) != "float32"  # type: ignore[attr-defined]
-           for x in (st.buffer, v.b.a.source, v.b.b.source)):
+    if any(str(buffer_dtype(x)) != "float32" for x in (st.buffer, v.b.a.source, v.b.b.source)):
         return "a convolution operand is not float32"
     return st, v.b.a, v.b.b
 
@@ -164,7 +172,7 @@ def _around(func: PrimFunc, blocks: list[Any], at: int, data: tvm.tirx.Buffer
             ) -> tuple[str | None, bool, int] | NoMatch:
     """(data block's name, whether it pads, epilogue blocks) of the convolution block `at`, or
     why what comes before or after it is not served."""
-    params = list(func.params)  # type: ignore[attr-defined]
+    params = list(func_params(func))
     pad = None
     if at == 1:
         b = blocks[0]
@@ -192,8 +200,7 @@ def _around(func: PrimFunc, blocks: list[Any], at: int, data: tvm.tirx.Buffer
     why = epilogue_problem(rest, [int(d) for d in out.shape], [out], params, "convolution")
     if why is not None:
         return NoMatch(why)
-    padded = pad is not None and [int(d) for d in data.shape] != [  # type: ignore[attr-defined]
-        int(d) for d in blocks[0].reads[0].source.shape]
+    padded = pad is not None and const_shape(data) != const_shape(blocks[0].reads[0].source)
     return pad, padded, len(rest)
 
 

@@ -28,7 +28,16 @@ from schedules.match import (
     is_var,
     loads,
 )
-from tuner.core.tvm_api import Expr, PrimFunc, SBlock, tvm
+from tuner.core.tvm_api import (
+    Expr,
+    PrimFunc,
+    SBlock,
+    buffer_dtype,
+    buffer_shape,
+    const_shape,
+    func_params,
+    tvm,
+)
 from tuner.workloads import Workload
 
 SUM, ROW, ELEMENTWISE, COLUMN = "sum", "row", "elementwise", "column"
@@ -98,14 +107,13 @@ def match_norm_func(func: PrimFunc) -> NormMatch | NoMatch:
     if len(set(names)) != len(names):
         return NoMatch("two blocks share a name")
     out = blocks[-1].body
-    params = list(func.params)  # type: ignore[attr-defined]
+    params = list(func_params(func))
     if not isinstance(out, tvm.tirx.BufferStore) or not any(out.buffer.same_as(p)
                                                             for p in params):
         return NoMatch("the last block does not write an output")
-    if (str(out.buffer.dtype) != "float32"  # type: ignore[attr-defined]
-            or len(out.buffer.shape) < 2):  # type: ignore[attr-defined]
+    if str(buffer_dtype(out.buffer)) != "float32" or len(buffer_shape(out.buffer)) < 2:
         return NoMatch("the output is not a float32 tensor of rows")
-    shape = [int(d) for d in out.buffer.shape]  # type: ignore[attr-defined]
+    shape = const_shape(out.buffer)
     rows, cols = shape[:-1], shape[-1]
     kinds: list[tuple[str, str]] = []
     per_row: list[Any] = []  # the buffers of row sums and per-row values

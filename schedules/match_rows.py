@@ -30,7 +30,7 @@ from schedules.match import (
     is_var,
     loads,
 )
-from tuner.core.tvm_api import PrimFunc, SBlock, tvm
+from tuner.core.tvm_api import PrimFunc, SBlock, buffer_dtype, func_params, tvm
 from tuner.workloads import Workload
 
 ACTIVATION_FNS = ("erf", "tanh", "sigmoid")  # those with a polynomial intrinsic
@@ -105,7 +105,7 @@ def match_activation_func(func: PrimFunc) -> ActivationMatch | NoMatch:
         return NoMatch("no activation block (erf, tanh or sigmoid of one float32 load)"
                        if not acts else "more than one activation block")
     at, fn = acts[0]
-    params = list(func.params)  # type: ignore[attr-defined]
+    params = list(func_params(func))
     outputs = [b for b in blocks if any(b.body.buffer.same_as(p) for p in params)]
     if len(outputs) != 1 or not outputs[0].same_as(blocks[-1]):
         return NoMatch("the last block is not the one block writing an output")
@@ -207,10 +207,10 @@ def match_softmax_func(func: PrimFunc) -> SoftmaxMatch | NoMatch:
                 and len(ld.indices) == len(its) and all(map(is_var, ld.indices, its))):
             return NoMatch(f"block {b.name_hint} after the softmax is not a plain copy")
         prev = b.body.buffer
-    params = list(func.params)  # type: ignore[attr-defined]
+    params = list(func_params(func))
     if not any(prev.same_as(p) for p in params) or not any(x.source.same_as(p) for p in params):
         return NoMatch("the softmax does not read an input and write an output")
-    if any(str(buf.dtype) != "float32" for buf in (x.source, prev)):  # type: ignore[union-attr]
+    if any(str(buffer_dtype(buf)) != "float32" for buf in (x.source, prev)):
         return NoMatch("the softmax is not float32")
     shape = [int(d) for d in prev.shape]
     return SoftmaxMatch(mx.name_hint, ex.name_hint, sm.name_hint, nm.name_hint, len(copies),

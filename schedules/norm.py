@@ -66,7 +66,7 @@ from schedules.softmax import (
     softmax_lanes,
     tree_rfactor,
 )
-from tuner.core.tvm_api import LoopRV, SBlockRV, Schedule, Target, ms
+from tuner.core.tvm_api import LoopRV, SBlockRV, Schedule, Target, fuse, ms, split_loop
 from tuner.workloads import Workload
 
 MAX_ROWS_PER_TASK = 16
@@ -214,7 +214,7 @@ class NormX86(StructuralTemplate):
         out = sch.get_sblock(out_name)
         *leading, i, j = sch.get_loops(out)
         r0, r1 = self.split(sch, "rows", i)
-        sch.parallel(sch.fuse(*leading, r0) if leading else r0)  # type: ignore[arg-type]
+        sch.parallel(fuse(sch, *leading, r0) if leading else r0)
         # consumers first: each block moves under r1 after everything that reads it
         for name, kind in reversed(m.kinds[:-1]):
             if kind == ROW:
@@ -238,7 +238,7 @@ class NormX86(StructuralTemplate):
         for chain in chains.values():
             # loops under r1: row, reduced, one per lane bit (rf stage s has s + 1 bits)
             for bits, rf in enumerate(chain[1:], start=1):
-                sch.vectorize(sch.fuse(*sch.get_loops(rf)[-bits:]))  # type: ignore[arg-type]
+                sch.vectorize(fuse(sch, *sch.get_loops(rf)[-bits:]))
 
     def _schedule_tail(self, sch: Schedule, m: NormMatch, target: Target,
                        accumulators: str) -> None:
@@ -254,8 +254,8 @@ class NormX86(StructuralTemplate):
         # [*leading, last row dimension]: the rows in parallel
         def rows(loops: list[LoopRV]) -> LoopRV:
             *lead, row = loops
-            r0, r1 = sch.split(row, factors)  # type: ignore[arg-type]
-            sch.parallel(sch.fuse(*lead, r0) if lead else r0)  # type: ignore[arg-type]
+            r0, r1 = split_loop(sch, row, factors)
+            sch.parallel(fuse(sch, *lead, r0) if lead else r0)
             sch.annotate(r1, "pragma_auto_unroll_max_step", unroll)
             sch.annotate(r1, "pragma_unroll_explicit", 1)
             return r1

@@ -11,7 +11,7 @@ from __future__ import annotations
 import linecache
 from collections.abc import Callable
 
-from tuner.core.tvm_api import Expr, tvm
+from tuner.core.tvm_api import Expr, expr_dtype, tvm
 
 T = tvm.script.tirx
 
@@ -55,7 +55,7 @@ def vexp(x: Expr, lanes: int) -> Expr:
 def let(value: Expr, body: Callable[[tvm.tirx.Var], Expr]) -> tvm.tirx.Let:
     """`body(v)` with v bound to `value` once (a Let): a value used several times is computed
     once, and the expression stays a tree of linear size for codegen."""
-    dtype = getattr(value, "dtype", None) or value.ty.dtype  # type: ignore[attr-defined]
+    dtype = getattr(value, "dtype", None) or expr_dtype(value)
     var = tvm.tirx.Var("v", dtype)
     return tvm.tirx.Let(var, value, body(var))
 

@@ -31,7 +31,7 @@ from collections.abc import Callable
 from typing import Any
 
 from schedules.polynomial import let, pin_source, vexp
-from tuner.core.tvm_api import Expr, tvm
+from tuner.core.tvm_api import Expr, tvm, vload
 
 T = tvm.script.tirx
 pin_source(__file__)
@@ -54,12 +54,12 @@ def _reduce(x: tvm.tirx.Buffer, n: int, lanes: int, combine: Callable[[Expr, Exp
     """combine over x[0:n] (a Buffer) as one scalar expression."""
     vec = f"float32x{lanes}"
     full = n // lanes
-    loads = [x.vload([v * lanes], vec) for v in range(full)]  # type: ignore[attr-defined]
+    loads = [vload(x, [v * lanes], vec) for v in range(full)]
     if n % lanes:
         covered = lanes - n % lanes  # lanes of the last vector the previous ones hold
         loads.append(tvm.tirx.Select(
             tvm.tirx.Ramp(0, 1, lanes) >= _bc(covered, lanes),  # type: ignore[arg-type]
-            x.vload([n - lanes], vec), _bc(identity, lanes)))  # type: ignore[attr-defined]
+            vload(x, [n - lanes], vec), _bc(identity, lanes)))
     chains = loads[:ACCUMULATORS]
     for v, load in enumerate(loads[ACCUMULATORS:], start=ACCUMULATORS):
         chains[v % ACCUMULATORS] = combine(chains[v % ACCUMULATORS], load)

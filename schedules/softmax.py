@@ -38,7 +38,7 @@ from schedules.intrinsics import DIV_BCAST_F32, EXP_SUB_F32, use
 from schedules.knobs import Categorical, DesignSpace, Fixed, PerfectTile, knob_table
 from schedules.match_rows import SoftmaxMatch, match_softmax
 from schedules.row_intrinsics import MAX_ROW, ROW_DIV, ROW_EXP_SUB, ROW_MAX, ROW_SUM, row_fits
-from tuner.core.tvm_api import SBlock, SBlockRV, Schedule, Target, ms
+from tuner.core.tvm_api import SBlock, SBlockRV, Schedule, Target, fuse, ms, split_loop
 from tuner.workloads import Workload
 
 MAX_ROWS_PER_STEP = 4
@@ -76,7 +76,7 @@ def tree_rfactor(sch: Schedule, block: SBlockRV, lanes: int, rows: int) -> list[
     Every rf buffer is [*rows, bits...] (`rows` leading dimensions): the lanes of a row are
     contiguous. Returns the rfactor blocks, consumer first."""
     bits = lanes.bit_length() - 1
-    sch.split(sch.get_loops(block)[-1], [None] + [2] * bits)  # type: ignore[arg-type]
+    split_loop(sch, sch.get_loops(block)[-1], [None] + [2] * bits)
     chain, cur = [], block
     for s in range(bits):
         cur = sch.rfactor(sch.get_loops(cur)[-1 - s], factor_axis=rows)
@@ -154,7 +154,7 @@ class SoftmaxX86(StructuralTemplate):
         r0, r1, _ = self.split(sch, "rows", i)
         # more row dimensions (relax's [batch, heads, rows, cols]): the outer ones run in
         # parallel with r0 (splitting a fused row loop would leave bindings tensorize rejects)
-        sch.parallel(sch.fuse(*leading, r0) if leading else r0)  # type: ignore[arg-type]
+        sch.parallel(fuse(sch, *leading, r0) if leading else r0)
         # consumers first: each block moves under r1 after everything that reads it
         for block in [sum_block, *sum_rfs, sch.get_sblock(m.exp_block), max_block, *max_rfs]:
             sch.compute_at(block, r1, preserve_unit_loops=True)
@@ -170,7 +170,7 @@ class SoftmaxX86(StructuralTemplate):
         for stage, rf in enumerate([*max_rfs, *sum_rfs]):
             # loops under r1: row, reduced, one per lane bit (stage s of a chain has s + 1 bits)
             n_bits = stage % len(max_rfs) + 1
-            lane = sch.fuse(*sch.get_loops(rf)[-n_bits:])  # type: ignore[arg-type]
+            lane = fuse(sch, *sch.get_loops(rf)[-n_bits:])
             sch.vectorize(lane)
         sch.annotate(sch.get_sblock("root"), "meta_schedule.unroll_explicit",
                      self.sample(sch, "unroll"))
@@ -184,9 +184,9 @@ class SoftmaxX86(StructuralTemplate):
             sch.reverse_compute_inline(sch.get_consumers(norm_block)[0])
         *leading, i, j = sch.get_loops(norm_block)
         r0, r1, r2 = self.split(sch, "rows", i)
-        sch.parallel(sch.fuse(*leading, r0) if leading else r0)  # type: ignore[arg-type]
+        sch.parallel(fuse(sch, *leading, r0) if leading else r0)
         # several rows under one loop fail tensorize's buffer matching
-        row = sch.fuse(r1, r2)  # type: ignore[arg-type]
+        row = fuse(sch, r1, r2)
         for name in (m.sum_block, m.exp_block, m.max_block):
             sch.compute_at(sch.get_sblock(name), row, preserve_unit_loops=True)
         how = "recip" if norm == "reciprocal" else "div"

@@ -41,12 +41,11 @@ def split(func: tv.PrimFunc, arg_specs: list[tuple[str, tuple[int, ...], str]],
     relax = tv.tvm.relax
     func = _marked(func)
     bb = relax.BlockBuilder()
-    params = [relax.Var(name, relax.TensorType(shape, dt))  # type: ignore[arg-type]
+    params = [relax.Var(name, tv.tensor_type(shape, dt))
               for name, shape, dt in arg_specs[:n_inputs]]
     with bb.function("main", params):
         gv = bb.add_func(func.without_attr("global_symbol"), "kernel")
-        outs = [relax.TensorType(shape, dt)  # type: ignore[arg-type]
-                for _, shape, dt in arg_specs[n_inputs:]]
+        outs = [tv.tensor_type(shape, dt) for _, shape, dt in arg_specs[n_inputs:]]
         res = bb.emit(relax.call_tir(gv, params,  # type: ignore[arg-type]
                                      outs[0] if len(outs) == 1 else outs))
         bb.emit_func_output(res)
@@ -95,7 +94,7 @@ def kernel(mod: tv.IRModule) -> tv.IRModule:
 def mark_padded(mod: tv.IRModule) -> tv.IRModule:
     """The relax module `mod` (schedules applied) with the padded packings of its PrimFuncs
     marked `meta_schedule.layout_rewrite_preproc`, for relax's `SplitLayoutRewritePreproc`."""
-    for gv, func in list(mod.functions.items()):  # type: ignore[attr-defined]
+    for gv, func in list(tv.module_functions(mod).items()):
         if isinstance(func, tv.tvm.tirx.PrimFunc):
             marked = _marked(func)
             if not marked.same_as(func):

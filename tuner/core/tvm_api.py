@@ -12,7 +12,7 @@ import functools
 import importlib.metadata
 import json
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, SupportsInt
 
@@ -52,7 +52,7 @@ check_pins()
 import tvm  # noqa: E402
 import tvm_ffi  # noqa: E402
 from tvm import relax, te, topi  # noqa: E402
-from tvm.ir import IRModule  # noqa: E402
+from tvm.ir import BaseFunc, GlobalVar, IRModule  # noqa: E402
 from tvm.ir.expr import Expr  # noqa: E402
 from tvm.ir.utils import derived_object  # noqa: E402
 from tvm.runtime import Module as RuntimeModule  # noqa: E402
@@ -62,14 +62,16 @@ from tvm.s_tir import meta_schedule as ms  # noqa: E402
 from tvm.s_tir.schedule import ExprRV, LoopRV, SBlockRV  # noqa: E402
 from tvm.support.popen_pool import PopenPoolExecutor, PopenWorker  # noqa: E402
 from tvm.target import Target  # noqa: E402
-from tvm.tirx import Buffer, IndexMap, PrimFunc, Stmt  # noqa: E402
+from tvm.tirx import Buffer, IndexMap, PrimFunc, Stmt, Var  # noqa: E402
 
 logging.getLogger("tvm.s_tir.meta_schedule").setLevel(logging.WARNING)
 
 __all__ = [
+    "BaseFunc",
     "Buffer",
     "Expr",
     "ExprRV",
+    "GlobalVar",
     "IRModule",
     "IndexMap",
     "LoopRV",
@@ -84,14 +86,25 @@ __all__ = [
     "Target",
     "Tensor",
     "Trace",
+    "Var",
     "apply_trace",
+    "buffer_dtype",
+    "buffer_elem_offset",
+    "buffer_shape",
+    "buffer_strides",
     "canonical_target_json",
     "compile_module",
+    "const_shape",
     "derived_object",
+    "expr_dtype",
+    "func_body",
+    "func_params",
+    "fuse",
     "host_target_dict",
     "load_json",
     "load_tensor_intrins",
     "make_target",
+    "module_functions",
     "ms",
     "num_tensor_elements",
     "param_bytes",
@@ -99,14 +112,17 @@ __all__ = [
     "prim_func_from_tvmscript",
     "relax",
     "relax_from_exported_program",
+    "reorder",
     "sample_init_population",
     "save_json",
     "shash_hex",
+    "split_loop",
     "strip_layout_rewrite",
     "structural_equal",
     "structural_hash",
     "target_to_dict",
     "te",
+    "tensor_type",
     "topi",
     "trace_decisions",
     "trace_to_json",
@@ -114,6 +130,7 @@ __all__ = [
     "tvm",
     "tvm_ffi",
     "tvm_version",
+    "vload",
 ]
 
 
@@ -142,6 +159,78 @@ def save_json(obj: object) -> str:
 
 def load_json(text: str) -> tvm_ffi.Object:
     return tvm.ir.load_json(text)
+
+
+# ---------------------------------------------------------------------------------------------
+# what TVM's annotations miss: fields reflected through the FFI (a buffer is a Var typed
+# BufferType whose `shape`, `dtype`, ... are properties set on Var at import), schedule
+# primitives annotated `*loops: list[LoopRV]` though each argument is one LoopRV, parameters
+# annotated Expr or list that take ints or any sequence. Each gap is typed here once; every
+# value is TVM's own, returned as is.
+
+
+def func_params(func: PrimFunc) -> Sequence[Var]:
+    """`func.params`: buffer parameters are Vars typed BufferType (0.27 has no buffer_map)."""
+    return func.params  # type: ignore[attr-defined]
+
+
+def func_body(func: PrimFunc) -> Stmt:
+    return func.body  # type: ignore[attr-defined]
+
+
+def module_functions(mod: IRModule) -> Mapping[GlobalVar, BaseFunc]:
+    return mod.functions  # type: ignore[attr-defined]
+
+
+def buffer_shape(buf: Expr) -> Sequence[Expr]:
+    """`buf.shape` of a buffer Var (a load's `source` is typed Expr)."""
+    return buf.shape  # type: ignore[attr-defined]
+
+
+def const_shape(buf: Expr) -> list[int]:
+    """`[int(d) for d in buf.shape]`: TypeError for a symbolic dimension (int() of an Expr)."""
+    return [int(d) for d in buf.shape]  # type: ignore[attr-defined]
+
+
+def buffer_dtype(buf: Expr) -> str:
+    """`buf.dtype` of a buffer Var: a `tvm_ffi.dtype`, which is a str."""
+    return buf.dtype  # type: ignore[attr-defined]
+
+
+def buffer_strides(buf: Expr) -> Sequence[Expr]:
+    return buf.strides  # type: ignore[attr-defined]
+
+
+def buffer_elem_offset(buf: Expr) -> Expr:
+    return buf.elem_offset  # type: ignore[attr-defined]
+
+
+def vload(buf: Expr, begin: Sequence[Expr | int], dtype: str) -> Expr:
+    """`buf.vload(begin, dtype)`: a load of `dtype` (e.g. float32x8) from `begin`."""
+    return buf.vload(begin, dtype)  # type: ignore[attr-defined]
+
+
+def expr_dtype(expr: Expr) -> str:
+    """`expr.ty.dtype` of a PrimExpr (its type is a PrimType): a `tvm_ffi.dtype`, a str."""
+    return expr.ty.dtype  # type: ignore[attr-defined]
+
+
+def tensor_type(shape: Sequence[int], dtype: str) -> relax.TensorType:
+    """`relax.TensorType(shape, dtype)` of a constant shape (TVM converts the ints)."""
+    return relax.TensorType(shape, dtype)  # type: ignore[arg-type]
+
+
+def fuse(sch: Schedule, *loops: LoopRV) -> LoopRV:
+    return sch.fuse(*loops)  # type: ignore[arg-type]
+
+
+def reorder(sch: Schedule, *loops: LoopRV) -> None:
+    sch.reorder(*loops)  # type: ignore[arg-type]
+
+
+def split_loop(sch: Schedule, loop: LoopRV, factors: Sequence[int | ExprRV | None]) -> list[LoopRV]:
+    """`sch.split(loop, factors)`, factors any sequence (TVM's `list` is invariant)."""
+    return sch.split(loop, factors)  # type: ignore[arg-type]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -374,8 +463,7 @@ def prim_func_from_tvmscript(text: str) -> PrimFunc:
     """Parse TVMScript text (already vetted by `tuner.workloads.tvmscript`) into a PrimFunc."""
     obj = tvm.script.from_source(text)
     if isinstance(obj, tvm.IRModule):
-        funcs = [f for f in obj.functions.values()  # type: ignore[attr-defined]
-                 if isinstance(f, tvm.tirx.PrimFunc)]
+        funcs = [f for f in module_functions(obj).values() if isinstance(f, tvm.tirx.PrimFunc)]
         if len(funcs) != 1:
             raise ValueError(f"expected one PrimFunc in the module, found {len(funcs)}")
         obj = funcs[0]

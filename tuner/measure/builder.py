@@ -116,9 +116,9 @@ def _sandboxed_pool(limits: Limits, build_dir: str) -> type[PopenPoolExecutor]:
     if ids is not None:
         os.chown(build_dir, *ids)
 
-    class Worker(PopenWorker):  # type: ignore[misc]
+    class Worker(PopenWorker):
         def _start(self) -> None:
-            if self._proc is not None:  # type: ignore[has-type]
+            if self._proc is not None:
                 return
             main_read, worker_write = os.pipe()
             worker_read, main_write = os.pipe()
@@ -132,7 +132,7 @@ def _sandboxed_pool(limits: Limits, build_dir: str) -> type[PopenPoolExecutor]:
             self._reader = os.fdopen(main_read, "rb")
             self._writer = os.fdopen(main_write, "wb")
 
-    class Pool(PopenPoolExecutor):  # type: ignore[misc]
+    class Pool(PopenPoolExecutor):
         def __init__(self, max_workers: int, timeout: float) -> None:
             init, args = (_sandboxed_init, (limits.user,)) if late_drop else (None, ())
             super().__init__(max_workers=max_workers, timeout=timeout, initializer=init,

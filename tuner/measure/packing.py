@@ -82,6 +82,6 @@ def _packing_of(func: PrimFunc) -> tuple[object, ...]:
 
     sch = tv.Schedule(tv.tvm.IRModule({"main": func.without_attr("global_symbol")}))
     blocks = sch.get_child_blocks(sch.get_sblock("root"))
-    specs = tuple((tuple(int(d) for d in p.shape), str(p.dtype))
-                  for p in func.params)  # type: ignore[attr-defined]  # an FFI attribute
+    specs = tuple((tuple(tv.const_shape(p)), str(tv.buffer_dtype(p)))
+                  for p in tv.func_params(func))
     return (specs, *(tv.structural_hash(sch.get(b)) for b in blocks))

@@ -18,7 +18,7 @@ from .fixups import mutate_functions
 
 
 @relax.expr_functor.mutator
-class _FastGelu(relax.PyExprMutator):  # type: ignore[misc]
+class _FastGelu(relax.PyExprMutator):
     def visit_call_(self, call: relax.Call) -> Expr:
         op = getattr(call.op, "name", "")
         if op not in ("relax.nn.gelu", "relax.nn.gelu_tanh", "relax.erf", "relax.tanh"):

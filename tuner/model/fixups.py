@@ -39,7 +39,7 @@ def dtype_of(expr: Expr) -> str | None:
 
 
 @relax.expr_functor.mutator
-class _BoolCompare(relax.PyExprMutator):  # type: ignore[misc]
+class _BoolCompare(relax.PyExprMutator):
     def visit_call_(self, call: relax.Call) -> Expr:
         call = cast(relax.Call, super().visit_call_(call))  # relax's mutator rebuilds a Call
         name = getattr(call.op, "name", "")
@@ -68,7 +68,7 @@ def _small_power(expr: Expr) -> int | None:
 
 
 @relax.expr_functor.mutator
-class _SmallPower(relax.PyExprMutator):  # type: ignore[misc]
+class _SmallPower(relax.PyExprMutator):
     def visit_call_(self, call: relax.Call) -> Expr:
         call = cast(relax.Call, super().visit_call_(call))  # relax's mutator rebuilds a Call
         if getattr(call.op, "name", "") != "relax.power":

@@ -25,7 +25,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from ..core.errors import SpecError
-from ..core.tvm_api import IRModule, relax_from_exported_program, tvm
+from ..core.tvm_api import IRModule, module_functions, relax_from_exported_program, tvm
 
 if TYPE_CHECKING:
     import torch
@@ -145,7 +145,7 @@ def _first_line(exc: BaseException) -> str:
 
 def _checked(mod: object, p: Path) -> IRModule:
     if not isinstance(mod, tvm.IRModule) or "main" not in [
-            g.name_hint for g in mod.functions]:  # type: ignore[attr-defined]  # FFI attribute
+            g.name_hint for g in module_functions(mod)]:
         raise SpecError(f"{p} gives no relax module with a main function", field="model")
     if not isinstance(mod["main"], tvm.relax.Function):
         raise SpecError(f"{p}: main is a {type(mod['main']).__name__}, not a relax function",

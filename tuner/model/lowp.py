@@ -32,7 +32,7 @@ _VIEWS = frozenset({"relax.permute_dims", "relax.reshape", "relax.squeeze",
 
 
 @relax.expr_functor.mutator
-class _MatmulsInBF16(relax.PyExprMutator):  # type: ignore[misc]
+class _MatmulsInBF16(relax.PyExprMutator):
     def _is_weight(self, expr: Expr | None) -> bool:
         """A constant, or a view of one through bindings of this function."""
         for _ in range(8):

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..core.prepack import mark_padded
-from ..core.tvm_api import IRModule, PrimFunc, Target, make_target, ms, relax, tvm
+from ..core.tvm_api import IRModule, PrimFunc, Target, make_target, module_functions, ms, relax, tvm
 from ..workloads.bounds import clamp_data_dependent
 from ..workloads.identity import identity_hash
 from .fastmath import FastGelu
@@ -86,7 +86,7 @@ def partition(mod: IRModule, target: Target | str | dict[str, Any], *, fast_math
               relax.transform.FuseTIR(), relax.transform.AttachAttrLayoutFreeBuffers()]
     with target:
         mod = tvm.transform.Sequential(passes)(mod)
-    for gv, func in list(mod.functions.items()):  # type: ignore[attr-defined]  # FFI attribute
+    for gv, func in list(module_functions(mod).items()):
         if isinstance(func, tvm.tirx.PrimFunc):
             clamped = clamp_data_dependent(func)
             if not clamped.same_as(func):

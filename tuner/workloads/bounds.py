@@ -86,17 +86,21 @@ def _extent(dim: tv.Expr) -> int | None:
 
 def _clamp(index: tv.Expr, upper: int) -> tv.Expr:
     """`index` clamped into [0, upper] (its own dtype)."""
+    from ..core.tvm_api import expr_dtype
+
     tvm, _ = _tvm()
     tirx = tvm.tirx
-    dt = str(index.ty.dtype)  # type: ignore[attr-defined]
+    dt = str(expr_dtype(index))
     return tirx.max(tirx.min(index, tirx.const(upper, dt)), tirx.const(0, dt))
 
 
 def clamp_data_dependent(func: tv.PrimFunc) -> tv.PrimFunc:
     """`func` with every data-dependent index the analyser cannot bound clamped into its
     buffer's extent (see the module docstring); `func` itself when there is none."""
+    from ..core.tvm_api import buffer_shape, func_body
+
     tvm, tvm_ffi = _tvm()
-    tainted = dependent_vars(func.body)  # type: ignore[attr-defined]
+    tainted = dependent_vars(func_body(func))
 
     def fixed(index: tv.Expr, upper: int | None) -> tv.Expr:
         if upper is None or upper < 0 or not depends_on_data(index, tainted) \
@@ -108,7 +112,7 @@ def clamp_data_dependent(func: tv.PrimFunc) -> tv.PrimFunc:
                 buf: tv.Expr) -> list[tv.Expr] | None:
         """The access's indices with the unbounded data-dependent ones clamped; None: as is."""
         idx = [fixed(i, None if (e := _extent(d)) is None else e - 1)
-               for i, d in zip(n.indices, buf.shape, strict=False)]  # type: ignore[attr-defined]
+               for i, d in zip(n.indices, buffer_shape(buf), strict=False)]
         return idx if any(not a.same_as(b) for a, b in zip(idx, n.indices, strict=True)) else None
 
     def load(n: tv.tvm.ir.TensorLoad) -> tv.Expr:
@@ -121,7 +125,7 @@ def clamp_data_dependent(func: tv.PrimFunc) -> tv.PrimFunc:
 
     def region(n: tv.tvm.ir.TensorRegion) -> tv.Expr:
         ranges = []
-        for r, d in zip(n.region, n.source.shape, strict=False):  # type: ignore[attr-defined]
+        for r, d in zip(n.region, buffer_shape(n.source), strict=False):
             ext, size = _extent(r.extent), _extent(d)
             upper = None if ext is None or size is None else size - ext
             start = fixed(r.min, upper)
@@ -132,8 +136,8 @@ def clamp_data_dependent(func: tv.PrimFunc) -> tv.PrimFunc:
 
     callbacks: list[tuple[Any, Callable[[Any], Any]]] = [
         (tvm.ir.TensorLoad, load), (tvm.tirx.BufferStore, store), (tvm.ir.TensorRegion, region)]
-    body = tvm_ffi.structural_map(func.body, callbacks)  # type: ignore[attr-defined]
-    return func if body.same_as(func.body) else func.with_body(body)  # type: ignore[attr-defined]
+    body = tvm_ffi.structural_map(func_body(func), callbacks)
+    return func if body.same_as(func_body(func)) else func.with_body(body)
 
 
 def unproven_access(func: tv.PrimFunc) -> str | None:
@@ -145,6 +149,8 @@ def unproven_access(func: tv.PrimFunc) -> str | None:
     and the conditions that guard it (`if`, `T.if_then_else`; a `T.Select` evaluates both of its
     sides, so it guards nothing). An index form the analyser cannot bound (`bitwise_xor`, shifts,
     a float-to-int cast, an overflowing product) is therefore refused, never trusted."""
+    from ..core.tvm_api import buffer_shape
+
     tvm, tvm_ffi = _tvm()
     tirx = tvm.tirx
     try:
@@ -161,7 +167,7 @@ def unproven_access(func: tv.PrimFunc) -> str | None:
     def check(buf: tv.Buffer, indices: list[tv.Expr]) -> None:
         if found:
             return
-        shape = list(buf.shape)  # type: ignore[attr-defined]
+        shape = list(buffer_shape(buf))
         if len(indices) != len(shape):
             found.append(f"{buf.name} indexed with {len(indices)} indices, it has "
                          f"{len(shape)} dimensions")
@@ -170,7 +176,7 @@ def unproven_access(func: tv.PrimFunc) -> str | None:
             lo, hi = _lanes(index, tirx)
             try:
                 proven = (an.can_prove(lo >= 0)  # type: ignore[operator]
-                          and an.can_prove(hi < extent))
+                          and an.can_prove(hi < extent))  # type: ignore[operator]
             except Exception:  # e.g. a constant the simplifier folds past its dtype's range
                 proven = False
             if not proven:

@@ -23,7 +23,18 @@ from __future__ import annotations
 
 from typing import cast
 
-from ..core.tvm_api import IRModule, PrimFunc, shash_hex, structural_equal, tvm, tvm_ffi
+from ..core.tvm_api import (
+    IRModule,
+    PrimFunc,
+    buffer_shape,
+    func_body,
+    func_params,
+    module_functions,
+    shash_hex,
+    structural_equal,
+    tvm,
+    tvm_ffi,
+)
 
 KEPT_ATTRS = frozenset({"tirx.noalias", "s_tir"})
 INT32_MAX = 2**31 - 1
@@ -31,7 +42,7 @@ INT32_MAX = 2**31 - 1
 
 def _prim_func(mod_or_func: IRModule | PrimFunc) -> PrimFunc:
     if isinstance(mod_or_func, tvm.IRModule):
-        funcs = [f for f in mod_or_func.functions.values()  # type: ignore[attr-defined]
+        funcs = [f for f in module_functions(mod_or_func).values()
                  if isinstance(f, tvm.tirx.PrimFunc)]
         if len(funcs) != 1:
             raise ValueError(f"the module holds {len(funcs)} PrimFuncs, not one")
@@ -42,18 +53,17 @@ def _prim_func(mod_or_func: IRModule | PrimFunc) -> PrimFunc:
 def _fits_int32(func: PrimFunc) -> bool:
     """Every buffer's element count and every loop extent is a constant below 2**31."""
     loops: list[tvm.tirx.For] = []
-    tvm_ffi.structural_walk(func.body,  # type: ignore[attr-defined]
-                            [((tvm.tirx.For,), loops.append)])
+    tvm_ffi.structural_walk(func_body(func), [((tvm.tirx.For,), loops.append)])
     if not all(isinstance(f.extent, tvm.tirx.IntImm) and f.extent.value <= INT32_MAX
                for f in loops):
         return False
 
     # 0.27: a buffer parameter is a Var whose type is a BufferType
-    for p in func.params:  # type: ignore[attr-defined]
+    for p in func_params(func):
         if not isinstance(getattr(p, "ty", None), tvm.tirx.BufferType):
             continue
         n = 1
-        for d in p.shape:
+        for d in buffer_shape(p):
             if not isinstance(d, tvm.tirx.IntImm):
                 return False
             n *= int(d.value)

@@ -83,8 +83,9 @@ def _const(expr: Expr, what: str) -> int:
 def _check_buffer(buf: Buffer, limit: int) -> int:
     """The element count of `buf`; SpecError past `limit` (for the whole buffer, or any one
     dimension: a (0, 2**40) buffer holds nothing but indexes far), or for a symbolic shape."""
-    dims = [_const(d, f"the shape of buffer {buf.name}")
-            for d in buf.shape]  # type: ignore[attr-defined]
+    from ..core.tvm_api import buffer_shape
+
+    dims = [_const(d, f"the shape of buffer {buf.name}") for d in buffer_shape(buf)]
     check_dims(str(buf.name), dims, limit)
     if math.prod(dims) > limit:
         raise SpecError(f"buffer {buf.name} {dims} has {math.prod(dims)} elements; the limit is "
@@ -96,11 +97,12 @@ def _check_compact(buf: Buffer, how: str) -> None:
     """SpecError for a buffer laid out other than compactly from its start (strides, an element
     offset): its indices no longer say which memory it touches, so no bound on them is a bound
     on the memory."""
-    offset = buf.elem_offset  # type: ignore[attr-defined]
-    if len(buf.strides) or not (  # type: ignore[attr-defined]
-            hasattr(offset, "value") and int(offset.value) == 0):
+    from ..core.tvm_api import buffer_elem_offset, buffer_strides
+
+    offset = buffer_elem_offset(buf)
+    if len(buffer_strides(buf)) or not (hasattr(offset, "value") and int(offset.value) == 0):
         raise SpecError(f"{how} {buf.name} has strides "
-                        f"{list(buf.strides)} or an element offset "  # type: ignore[attr-defined]
+                        f"{list(buffer_strides(buf))} or an element offset "
                         f"{offset}: only compact buffers (no strides, elem_offset 0) are "
                         "allowed", field=FIELD)
 
@@ -186,7 +188,7 @@ def check_data_independent(body: Stmt) -> None:
     `bounds.clamp_data_dependent` makes of a gather), or when a loop bound depends on one. Such
     an index is unchecked by the static out-of-bounds checker: the kernel could read or write
     anywhere."""
-    from ..core.tvm_api import tvm, tvm_ffi
+    from ..core.tvm_api import buffer_shape, tvm, tvm_ffi
 
     tirx, load_t = tvm.tirx, tvm.ir.TensorLoad
     nodes: list[Expr | Stmt] = []
@@ -205,16 +207,14 @@ def check_data_independent(body: Stmt) -> None:
     for n in nodes:  # accesses first: their message names the buffer
         if isinstance(n, load_t | tirx.BufferStore):
             buf = n.source if isinstance(n, load_t) else n.buffer
-            if any(unbounded(i, d) for i, d in zip(n.indices,
-                                                   buf.shape,  # type: ignore[attr-defined]
-                                                   strict=False)):
+            if any(unbounded(i, d) for i, d in zip(n.indices, buffer_shape(buf), strict=False)):
                 raise refuse(f"an index of buffer {getattr(buf, 'name', buf)}")
     for n in nodes:
         if isinstance(n, tirx.For) and (depends_on_data(n.min, tainted)
                                         or depends_on_data(n.extent, tainted)):
             raise refuse(f"the bounds of loop {n.loop_var}")
         if isinstance(n, tvm.ir.TensorRegion):
-            for r, d in zip(n.region, n.source.shape, strict=False):  # type: ignore[attr-defined]
+            for r, d in zip(n.region, buffer_shape(n.source), strict=False):
                 if depends_on_data(r.extent, tainted) or unbounded(r.min, d):
                     raise refuse(f"a region [{r.min}, {r.min} + {r.extent}) of buffer "
                                  f"{getattr(n.source, 'name', n.source)}")
@@ -230,7 +230,7 @@ def _flops(mod: IRModule, iterations: int) -> int:
 
 
 def parse_tir(spec: dict[str, Any]) -> ParsedTir:
-    from ..core.tvm_api import tvm
+    from ..core.tvm_api import func_body, func_params, tvm
     from .identity import identity_hash, narrow_index
 
     unknown = sorted(set(spec) - {"op", "tvmscript", "num_outputs"})
@@ -250,10 +250,9 @@ def parse_tir(spec: dict[str, Any]) -> ParsedTir:
     if bad_attrs:
         raise SpecError(f"function attribute(s) {', '.join(bad_attrs)} not allowed (allowed: "
                         f"{', '.join(sorted(ALLOWED_FUNC_ATTRS))})", field=FIELD)
-    if nout > len(func.params):  # type: ignore[attr-defined]
+    if nout > len(func_params(func)):
         raise SpecError(f"num_outputs={nout} but the function has "
-                        f"{len(func.params)} parameters",  # type: ignore[attr-defined]
-                        field="num_outputs")
+                        f"{len(func_params(func))} parameters", field="num_outputs")
     args: list[ArgSpec] = []
     for name, shape, dtype in param_buffers(func):
         if dtype not in SUPPORTED_DTYPES:
@@ -261,9 +260,8 @@ def parse_tir(spec: dict[str, Any]) -> ParsedTir:
                             f"{', '.join(SUPPORTED_DTYPES)}", field=FIELD)
         args.append((name, tuple(shape), dtype))
     limits = get_settings()
-    iterations = _count_iterations(func.body,  # type: ignore[attr-defined]
-                                   int(min(limits.max_ops, limits.max_iterations)))
-    check_data_independent(func.body)  # type: ignore[attr-defined]
+    iterations = _count_iterations(func_body(func), int(min(limits.max_ops, limits.max_iterations)))
+    check_data_independent(func_body(func))
     mod = tvm.IRModule({"main": func})
     try:
         tvm.s_tir.analysis.OOBChecker()(mod)
@@ -292,16 +290,15 @@ def _divisors(func: PrimFunc, inputs: list[ArgSpec]) -> tuple[int, ...]:
     """The float inputs that some division reads in its divisor (relax's batch norm divides by
     a per-channel constant): drawn away from zero by `Workload.make_inputs`, since a divisor
     near 0 turns the kernel's own rounding (a reordered sum) into a wrong answer."""
-    from ..core.tvm_api import tvm, tvm_ffi
+    from ..core.tvm_api import func_body, func_params, tvm, tvm_ffi
 
     divs: list[tvm.tirx.Div] = []
-    tvm_ffi.structural_walk(func.body,  # type: ignore[attr-defined]
-                            [((tvm.tirx.Div,), divs.append)])
+    tvm_ffi.structural_walk(func_body(func), [((tvm.tirx.Div,), divs.append)])
     loads: list[tvm.ir.TensorLoad] = []
     for d in divs:
         tvm_ffi.structural_walk(d.b, [((tvm.ir.TensorLoad,), loads.append)])
     # buffer parameters (TVM 0.27: no buffer_map)
-    params = list(func.params)[:len(inputs)]  # type: ignore[attr-defined]
+    params = list(func_params(func))[:len(inputs)]
     return tuple(i for i, (p, (_, _, dt)) in enumerate(zip(params, inputs, strict=True))
                  if dt.startswith("float") and any(ld.source.same_as(p) for ld in loads))
 

@@ -386,21 +386,30 @@ def param_buffers(func: PrimFunc) -> list[tuple[str, list[int], str]]:
     """(name, constant shape, dtype) of every parameter; SpecError unless each one is a compact
     global T.Buffer with a constant shape. (In TVM 0.27 a PrimFunc has no buffer_map: buffer
     parameters are Vars whose type is a BufferType.)"""
-    from ..core.tvm_api import tvm
+    from ..core.tvm_api import (
+        buffer_dtype,
+        buffer_elem_offset,
+        buffer_shape,
+        buffer_strides,
+        const_shape,
+        func_params,
+        tvm,
+    )
 
     out = []
-    for p in func.params:  # type: ignore[attr-defined]
+    for p in func_params(func):
         if not isinstance(getattr(p, "ty", None), tvm.tirx.BufferType):
             raise SpecError(f"parameter {p.name} is not a buffer: every parameter must be a "
                             "T.Buffer with a constant shape", field=FIELD)
-        if not all(isinstance(d, tvm.tirx.IntImm) for d in p.shape):
-            raise SpecError(f"buffer {p.name} has a symbolic shape {list(p.shape)}; shapes "
-                            "must be constants", field=FIELD)
-        if len(p.strides) or not (isinstance(p.elem_offset, tvm.tirx.IntImm)
-                                  and int(p.elem_offset) == 0) or p.scope() != "global":
+        if not all(isinstance(d, tvm.tirx.IntImm) for d in buffer_shape(p)):
+            raise SpecError(f"buffer {p.name} has a symbolic shape {list(buffer_shape(p))}; "
+                            "shapes must be constants", field=FIELD)
+        if len(buffer_strides(p)) or not (
+                isinstance(off := buffer_elem_offset(p), tvm.tirx.IntImm) and int(off) == 0) \
+                or p.scope() != "global":  # type: ignore[attr-defined]
             raise SpecError(f"buffer parameter {p.name} must be compact (no strides, no "
                             "elem_offset, global scope)", field=FIELD)
-        out.append((str(p.name), [int(d) for d in p.shape], str(p.dtype)))
+        out.append((str(p.name), const_shape(p), str(buffer_dtype(p))))
     return out
 
 
