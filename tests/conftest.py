@@ -225,18 +225,3 @@ def mark() -> Iterator[Path]:
     yield Path(d) / "pwned"
     shutil.rmtree(d, ignore_errors=True)
 
-
-# The files that keep one process busy for a minute or more, longest first (`--durations` of a
-# CI run). With `--dist loadfile` a file runs on one process from start to end; started last, a
-# long file would leave the other process idle while it finishes. Collected first, they run
-# while the short files fill in around them.
-LONG_FILES = ("tests/model/test_zoo.py", "tests/tuner/test_farm_model.py",
-              "tests/model/test_model.py", "tests/schedules/test_match.py",
-              "tests/e2e/test_qemu_board.py", "tests/tuner/test_cli.py",
-              "tests/e2e/test_faults.py", "tests/e2e/test_dashboard.py",
-              "tests/e2e/test_model_farm.py", "tests/tuner/test_search_replay.py")
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    rank = {path: i for i, path in enumerate(LONG_FILES)}
-    items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(rank)))
