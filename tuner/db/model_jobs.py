@@ -354,8 +354,6 @@ def _open_round(store: Store, s: Session, row: m.ModelJob, orm: m.ModelTask, t: 
     """Give task `t` a round of `step` trials: its task job, created or reopened (its id)."""
     lease_owner = LOCAL_OWNER if row.owner == LOCAL_OWNER else None
     orm.round_from = t.trials
-    # the runner counts a job's wall budget from its first start: the model's time left, from
-    # now, counted from there
     job = s.get(m.Job, orm.job_id) if orm.job_id is not None else None
     if job is None:
         tkey = s.scalar(select(m.Target.key).where(m.Target.id == row.target_id)) or ""
@@ -369,7 +367,9 @@ def _open_round(store: Store, s: Session, row: m.ModelJob, orm: m.ModelTask, t: 
     job.trials = t.trials + step
     job.move_to(JobState.QUEUED, now=now, reopen=True)
     job.lease_owner = lease_owner
-    if left is not None:
+    # the runner counts a job's wall budget from its first start: the model's time left, from
+    # now, counted from there
+    if left is not None:  # a new job starts now: `left` itself, above
         began = job.started_at or now
         job.wall_budget_s = max(1.0, left + (now - began).total_seconds())
     return job.id
