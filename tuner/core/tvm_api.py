@@ -66,6 +66,22 @@ from tvm.tirx import Buffer, IndexMap, PrimFunc, Stmt, Var  # noqa: E402
 
 logging.getLogger("tvm.s_tir.meta_schedule").setLevel(logging.WARNING)
 
+
+def _cheap_decorator_stacks() -> None:
+    """TVMScript's decorators read the stack with `inspect.stack()`, which costs them tens of
+    milliseconds each in a process with many modules (`tuner.core.frames` says why and what it
+    gives instead)."""
+    import importlib
+
+    from . import frames
+
+    for name in ("tvm.tirx.script.parser.entry", "tvm.script.parser.ir.entry",
+                 "tvm.relax.script.parser.entry"):
+        frames.install(importlib.import_module(name))
+
+
+_cheap_decorator_stacks()
+
 __all__ = [
     "BaseFunc",
     "Buffer",
@@ -262,11 +278,10 @@ def _host_cpu() -> tuple[str, tuple[str, ...]]:
     host = {str(k): bool(v) for k, v in g("tvm.codegen.llvm.GetHostCPUFeatures")().items()}
     if not host:
         return cpu, ()
-    has = g("target.llvm_cpu_has_feature")
 
     def enabled(mattr: list[str]) -> set[str]:
-        t = tvm.target.Target({"kind": "llvm", "mcpu": cpu, "mattr": mattr})
-        return {f for f, on in host.items() if not on and bool(has(f, t))}
+        on_in_model = _llvm_features(cpu, mattr)
+        return {f for f, on in host.items() if not on and f in on_in_model}
 
     missing = enabled([])
     off: list[str] = []
@@ -285,17 +300,22 @@ def _host_cpu() -> tuple[str, tuple[str, ...]]:
     return cpu, tuple(off) + _features_beyond_model(cpu, off, host)
 
 
+def _llvm_features(cpu: str, mattr: list[str]) -> frozenset[str]:
+    """The features LLVM turns on for `cpu` with `mattr`: one map per target (asking
+    `target.llvm_cpu_has_feature` feature by feature made a target machine each time, and the
+    covers above cost 0.12 s in every process that makes the host target)."""
+    t = tvm.target.Target({"kind": "llvm", "mcpu": cpu, "mattr": mattr})
+    return frozenset(str(f) for f in tvm_ffi.get_global_func("target.llvm_get_cpu_features")(t))
+
+
 def _features_beyond_model(cpu: str, off: list[str], host: dict[str, bool]) -> tuple[str, ...]:
     """The vector and tile ISA features CPUID reports that LLVM's model of `cpu` lacks, as
     `+feature`s: a virtual machine can report an older CPU model (a Sapphire Rapids seen as
     "rocketlake") with AVX512-BF16 and AMX present. AMX only where the kernel grants this
     process the tile state: without it the first tile instruction faults."""
-    g = tvm_ffi.get_global_func
-    has = g("target.llvm_cpu_has_feature")
 
     def missing(mattr: list[str]) -> set[str]:
-        t = tvm.target.Target({"kind": "llvm", "mcpu": cpu, "mattr": mattr})
-        return {f for f in wanted if not bool(has(f, t))}
+        return wanted - _llvm_features(cpu, mattr)
 
     wanted = {f for f, on in host.items() if on and f.startswith(("avx", "amx"))}
     if not amx_granted():
