@@ -1,5 +1,6 @@
 """`python -m bench --suite public --trials 64 [--only P1,P7] [--out bench/results] ...`, and
-`python -m bench report --out DIR` (bench/plots.py).
+`python -m bench report --out DIR` (bench/plots.py), `python -m bench tasks [--scale full]` (each zoo
+model's tasks and the space each gets: bench/zoo_tasks.py).
 
 Only the standard library is imported before the thread variables are set: TVM, OpenBLAS and
 OpenMP read them once, when they load.
@@ -106,6 +107,10 @@ def main(argv: list[str] | None = None) -> int:
         from .plots import main as report
 
         return report(rest[1:])
+    if rest[:1] == ["tasks"]:  # python -m bench tasks [--scale full]: bench/zoo_tasks.py
+        from .zoo_tasks import main as tasks
+
+        return tasks(rest[1:])
     args = parse_args(argv)
     set_thread_env(args.threads)
     if args.cost_model_scale:
