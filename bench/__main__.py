@@ -1,6 +1,6 @@
 """`python -m bench --suite public --trials 64 [--only P1,P7] [--out bench/results] ...`, and
-`python -m bench report --out DIR` (bench/plots.py), `python -m bench tasks [--scale full]` (each zoo
-model's tasks and the space each gets: bench/zoo_tasks.py).
+`python -m bench report --out DIR` (bench/plots.py), `python -m bench tasks [--scale full]` (each
+zoo model's tasks and the space each gets: bench/zoo_tasks.py).
 
 Only the standard library is imported before the thread variables are set: TVM, OpenBLAS and
 OpenMP read them once, when they load.

@@ -60,7 +60,8 @@ def main(argv: list[str]) -> int:
 
     target = tv.host_target_dict()
     lines = [f"# Tasks of the zoo models ({args.scale}), target {target}", ""]
-    summary = ["| model | tasks | template | auto | default schedule |", "|---|---:|---:|---:|---:|"]
+    summary = ["| model | tasks | template | auto | default schedule |",
+               "|---|---:|---:|---:|---:|"]
     for name in names:
         rows = _rows(name, args.scale, target)
         count = Counter(kind_of(space) for *_, space in rows)
