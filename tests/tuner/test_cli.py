@@ -103,7 +103,10 @@ def _wait_for_records(url: str, n: int, proc: subprocess.Popen[bytes], timeout: 
     raise AssertionError(f"fewer than {n} records after {timeout} s")
 
 
+# SQLite, the CLI's own database; a SIGKILL on PostgreSQL is tests/e2e/test_faults.py's (the
+# service's tuner and worker)
 @pytest.mark.slow
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
 def test_sigkill_loses_no_record_and_the_rerun_resumes(db_url: str, tmp_path: Path) -> None:
     args = ["tune", "matmul", "--shape", "64,64,64", "--trials", "10", "--batch-size", "4",
             "--target", TARGET, "--db", db_url]

@@ -46,11 +46,18 @@ def check_pins(version: Callable[[str], str] = importlib.metadata.version) -> No
 
 check_pins()
 
+# Before TVM is imported: its ~50 `_ffi_api` modules each list all ~2,000 global function names
+# (`tuner.core.ffi_names` says why that is a fifth of `import tvm` and what it does instead).
+import tvm_ffi  # noqa: E402
+
+from . import ffi_names  # noqa: E402
+
+ffi_names.install(tvm_ffi)
+
 # TVM itself, and TVM's classes named in the project's signatures. mypy reads TVM's own sources
 # for them (`follow_untyped_imports` in pyproject.toml), so a parameter that says `Schedule` is
 # checked as one. `Expr` is both a TIR PrimExpr and a relax expression (one class in TVM 0.27).
 import tvm  # noqa: E402
-import tvm_ffi  # noqa: E402
 from tvm import relax, te, topi  # noqa: E402
 from tvm.ir import BaseFunc, GlobalVar, IRModule  # noqa: E402
 from tvm.ir.expr import Expr  # noqa: E402

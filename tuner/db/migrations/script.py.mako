@@ -1,22 +1,10 @@
-"""${message}
-
-Revision ID: ${up_revision}
-Revises: ${down_revision | comma,n}
-Create Date: ${create_date}
-"""
-
-from __future__ import annotations
-
-from collections.abc import Sequence
+"""${message}"""
 
 import sqlalchemy as sa
 from alembic import op
 ${imports if imports else ""}
-
-revision: str = ${repr(up_revision)}
-down_revision: str | None = ${repr(down_revision)}
-branch_labels: str | Sequence[str] | None = ${repr(branch_labels)}
-depends_on: str | Sequence[str] | None = ${repr(depends_on)}
+# the revision and the one it follows (the date is the commit's; the message is `alembic history`'s)
+revision, down_revision = ${repr(up_revision)}, ${repr(down_revision)}
 
 
 def upgrade() -> None:

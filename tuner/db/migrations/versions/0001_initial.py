@@ -1,21 +1,9 @@
-"""initial schema: workloads, targets, jobs, records
-
-Revision ID: 0001
-Revises:
-Create Date: 2025-01-01 00:00:00
-"""
-
-from __future__ import annotations
-
-from collections.abc import Sequence
+"""initial schema: workloads, targets, jobs, records"""
 
 import sqlalchemy as sa
 from alembic import op
 
-revision: str = "0001"
-down_revision: str | None = None
-branch_labels: str | Sequence[str] | None = None
-depends_on: str | Sequence[str] | None = None
+revision, down_revision = "0001", None
 
 
 def _ts(name: str, nullable: bool = False) -> sa.Column:

@@ -1,21 +1,9 @@
-"""service: job leases and wall budgets, API tokens, workers
-
-Revision ID: 0002
-Revises: 0001
-Create Date: 2026-11-22 00:00:00
-"""
-
-from __future__ import annotations
-
-from collections.abc import Sequence
+"""service: job leases and wall budgets, API tokens, workers"""
 
 import sqlalchemy as sa
 from alembic import op
 
-revision: str = "0002"
-down_revision: str | None = "0001"
-branch_labels: str | Sequence[str] | None = None
-depends_on: str | Sequence[str] | None = None
+revision, down_revision = "0002", "0001"
 
 
 def _ts(name: str, nullable: bool = False) -> sa.Column:

@@ -1,18 +1,9 @@
-"""security: job owners (idempotency keys per owner), token expiry, issued trials, worker tokens
-
-Revision ID: 0003
-Revises: 0002
-Create Date: 2026-11-24 00:00:00
-"""
-
-from __future__ import annotations
+"""security: job owners (idempotency keys per owner), token expiry, issued trials, worker tokens"""
 
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0003"
-down_revision = "0002"
-branch_labels = depends_on = None
+revision, down_revision = "0003", "0002"
 
 
 def _ts(name: str, nullable: bool = False) -> sa.Column:

@@ -1,20 +1,11 @@
-"""MetaSchedule's database contract: records' mean run time, workload hashes per module equality
-
-Revision ID: 0004
-Revises: 0003
-Create Date: 2026-11-25 00:00:00
-"""
-
-from __future__ import annotations
+"""MetaSchedule's database contract: records' mean run time, workload hashes per module equality"""
 
 import json
 
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0004"
-down_revision = "0003"
-branch_labels = depends_on = None
+revision, down_revision = "0004", "0003"
 
 _BATCH = 1000
 

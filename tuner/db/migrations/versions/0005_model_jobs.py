@@ -1,18 +1,9 @@
-"""Model jobs: a parent job per model, its tasks, and the task jobs' link to it
-
-Revision ID: 0005
-Revises: 0004
-Create Date: 2026-11-25 12:00:00
-"""
-
-from __future__ import annotations
+"""Model jobs: a parent job per model, its tasks, and the task jobs' link to it"""
 
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0005"
-down_revision = "0004"
-branch_labels = depends_on = None
+revision, down_revision = "0005", "0004"
 
 
 def _ts(name: str, nullable: bool = False) -> sa.Column:

@@ -1,18 +1,9 @@
-"""The farm's cost models (one versioned model per target), records' predicted latency
-
-Revision ID: 0006
-Revises: 0005
-Create Date: 2026-11-25 13:00:00
-"""
-
-from __future__ import annotations
+"""The farm's cost models (one versioned model per target), records' predicted latency"""
 
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0006"
-down_revision = "0005"
-branch_labels = depends_on = None
+revision, down_revision = "0006", "0005"
 
 
 def upgrade() -> None:

@@ -1,19 +1,10 @@
 """The worker holding an issued trial's lease (only it may answer the trial); why a running job
-waits (jobs.message)
-
-Revision ID: 0007
-Revises: 0006
-Create Date: 2026-12-02 01:30:00
-"""
-
-from __future__ import annotations
+waits (jobs.message)"""
 
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0007"
-down_revision = "0006"
-branch_labels = depends_on = None
+revision, down_revision = "0007", "0006"
 
 
 def upgrade() -> None:

@@ -1,19 +1,10 @@
 """No single worker sets a best: a farm record is served once a second measurement confirms it
-(records.trust, records.confirms, records.confirmed_s; issued_trials.confirms and .avoid)
-
-Revision ID: 0008
-Revises: 0007
-Create Date: 2026-12-03 19:00:00
-"""
-
-from __future__ import annotations
+(records.trust, records.confirms, records.confirmed_s; issued_trials.confirms and .avoid)"""
 
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0008"
-down_revision = "0007"
-branch_labels = depends_on = None
+revision, down_revision = "0008", "0007"
 
 
 def upgrade() -> None:
