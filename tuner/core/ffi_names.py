@@ -2,7 +2,7 @@
 
 `import tvm` runs `tvm_ffi.init_ffi_api(prefix, module)` for each of its ~50 `_ffi_api` modules, and
 each call lists every global function TVM has registered (about 2,000 names, one FFI call per
-name) to keep those under its prefix: about a fifth of `import tvm`'s time, paid by every
+name) to keep those under its prefix: about an eighth of `import tvm`'s time, paid by every
 process tunefarm starts (the sandbox, the builders, the parse children, the CLI). The names change
 only when a function is registered or removed; `install` makes the registry's listing keep
 the last list and read it again only when the count of names has changed or a name was removed

@@ -47,7 +47,7 @@ def check_pins(version: Callable[[str], str] = importlib.metadata.version) -> No
 check_pins()
 
 # Before TVM is imported: its ~50 `_ffi_api` modules each list all ~2,000 global function names
-# (`tuner.core.ffi_names` says why that is a fifth of `import tvm` and what it does instead).
+# (`tuner.core.ffi_names` says why that is an eighth of `import tvm` and what it does instead).
 import tvm_ffi  # noqa: E402
 
 from . import ffi_names  # noqa: E402
