@@ -75,6 +75,20 @@ def test_a_bf16_build_matches_autocast_within_bf16s_tolerance() -> None:
     assert not np.allclose(got, fp32, rtol=1e-5, atol=1e-5)  # it did compute in bf16
 
 
+@pytest.mark.parametrize("command", ["tune-model", "build"])
+def test_an_unknown_dtype_is_refused_before_torch_tvm_or_the_model_loads(command: str) -> None:
+    """The check comes first: no second of imports and model export to learn a typo (the model
+    file need not even exist)."""
+    run = subprocess.run([sys.executable, "-X", "importtime", "-m", "tuner", command,
+                          str(MLP.with_name("absent.py")), "--dtype", "float16"], cwd=REPO,
+                         capture_output=True, text=True, timeout=120, check=False)
+    assert run.returncode == 2, run.stdout + run.stderr[-2000:]
+    assert "--dtype 'float16': a model is tuned in one of float32, bfloat16" in run.stderr
+    imported = {line.rsplit("|", 1)[-1].strip() for line in run.stderr.splitlines()
+                if line.startswith("import time:")}
+    assert "tuner.cli.model" in imported and not {"tvm", "torch", "tvm_ffi"} & imported
+
+
 @pytest.mark.slow
 def test_tune_model_and_build_in_bf16_from_the_cli(tmp_path: Path) -> None:
     db, so = f"sqlite:///{tmp_path / 'tf.db'}", tmp_path / "mlp.so"

@@ -51,11 +51,13 @@ DtypeOpt = Annotated[str, typer.Option(
 
 
 def _dtype(dtype: str) -> str:
-    from tuner.model.lowp import DTYPES
+    """`dtype`, or the command's error: checked first, before TVM or torch is imported or the
+    model loaded."""
+    from tuner.model import DTYPES
 
     if dtype not in DTYPES:
-        raise SpecError(f"--dtype {dtype!r}: a model is tuned in one of {', '.join(DTYPES)}",
-                        field="dtype")
+        fail(SpecError(f"--dtype {dtype!r}: a model is tuned in one of {', '.join(DTYPES)}",
+                       field="dtype"))
     return dtype
 
 
@@ -85,6 +87,7 @@ def tune_model(
     """Tune every task of a model, one budget spread by a gradient-based task scheduler: on
     this machine (run it again to go on after an interruption), or with --api on the service's
     farm (the tasks are extracted here; the service never sees the model file)."""
+    dtype = _dtype(dtype)
     from tuner.measure import MeasureOptions
     from tuner.measure.local import LocalMeasurer
     from tuner.model.job import ModelProgress, ModelRequest, ModelTuner, vet_tasks
@@ -94,8 +97,7 @@ def tune_model(
     s = get_settings()
     try:
         tgt = target_arg(target, runnable_here=api is None)
-        tasks = extract(partition(load_model(model), tgt, fast_math=fast_math,
-                                  dtype=_dtype(dtype)), tgt)
+        tasks = extract(partition(load_model(model), tgt, fast_math=fast_math, dtype=dtype), tgt)
         if not tasks:
             raise SpecError(f"{model} has no operator to tune", field="model")
         if api is not None:
@@ -219,6 +221,7 @@ def build(
 ) -> None:
     """Compile a model with the tuned schedules of the database (relax VM executable): the SQL
     database, or with --api the service's (GET /v1/best: only a URL and a token needed)."""
+    dtype = _dtype(dtype)
     from api.client import ApiError
     from tuner.model.load import load_model
     from tuner.model.pipeline import build as build_model
@@ -237,7 +240,7 @@ def build(
             database = TunefarmDatabase(open_store(db), device_key, ranking="median")
         # `derived_object` makes either a MetaSchedule Database
         built = build_model(load_model(model), tgt, cast("ms.database.Database", database),
-                            fast_math=fast_math, dtype=_dtype(dtype))
+                            fast_math=fast_math, dtype=dtype)
     except TunefarmError as exc:
         fail(exc)
     except (ApiError, RuntimeError) as exc:  # RuntimeError: an ApiError raised across TVM's FFI

@@ -23,9 +23,9 @@ from __future__ import annotations
 from typing import Any, cast
 
 from ..core.tvm_api import Expr, IRModule, relax, tvm
+from . import DTYPES
 from .fixups import dtype_of, mutate_functions
 
-DTYPES = ("float32", "bfloat16")  # `--dtype` of tune-model and build
 # ops that hand on a constant's values rearranged: the weight of `x @ w.T` or of a reshaped `w`
 _VIEWS = frozenset({"relax.permute_dims", "relax.reshape", "relax.squeeze",
                     "relax.expand_dims"})
