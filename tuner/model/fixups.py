@@ -58,12 +58,17 @@ class _BoolCompare(relax.PyExprMutator):
 SMALL_POWERS = (2.0, 3.0, 4.0)
 
 
-def _small_power(expr: Expr) -> int | None:
-    """The exponent when `expr` is a scalar constant 2, 3 or 4 (float or int), else None."""
+def scalar_value(expr: Expr) -> float | None:
+    """The value of a relax scalar constant (float or int), else None."""
     data = getattr(expr, "value", None) if isinstance(expr, tvm.ir.expr.Constant) else None
     if data is None or not hasattr(data, "numpy") or data.numpy().size != 1:
         return None
-    value = float(data.numpy().reshape(()))
+    return float(data.numpy().reshape(()))
+
+
+def _small_power(expr: Expr) -> int | None:
+    """The exponent when `expr` is a scalar constant 2, 3 or 4 (float or int), else None."""
+    value = scalar_value(expr)
     return int(value) if value in SMALL_POWERS else None
 
 

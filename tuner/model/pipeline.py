@@ -3,6 +3,8 @@ tasks tuned are exactly the PrimFuncs the build looks up:
 
     partition   `lowp` (`--dtype bfloat16`: linear layers on bf16 operands),
                 `fixups` (what TVM cannot compile as its frontends produce it),
+                `canonical` (RMS norm, conv1d, padded convolutions in the form a
+                template serves),
                 DecomposeOpsForInference, CanonicalizeBindings, LegalizeOps,
                 AnnotateTIROpPattern, FoldConstant, FuseOps, FuseTIR,
                 AttachAttrLayoutFreeBuffers (weights bound as constants may be packed), and
@@ -26,6 +28,7 @@ from ..core.prepack import mark_padded
 from ..core.tvm_api import IRModule, PrimFunc, Target, make_target, module_functions, ms, relax, tvm
 from ..workloads.bounds import clamp_data_dependent
 from ..workloads.identity import identity_hash
+from .canonical import Conv1dAsConv2d, FoldZeroPadIntoConv, RecogniseRmsNorm
 from .fastmath import FastGelu
 from .fixups import BoolCompare, SmallPower
 from .lowp import dtype_passes
@@ -79,7 +82,7 @@ def partition(mod: IRModule, target: Target | str | dict[str, Any], *, fast_math
     "bfloat16": its linear layers on bf16 operands (`tuner.model.lowp`)."""
     target = _as_target(target)
     passes = [*([FastGelu()] if fast_math else []), *dtype_passes(dtype), BoolCompare(),
-              SmallPower(),
+              RecogniseRmsNorm(), Conv1dAsConv2d(), FoldZeroPadIntoConv(), SmallPower(),
               relax.transform.DecomposeOpsForInference(), relax.transform.CanonicalizeBindings(),
               relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern(),
               relax.transform.FoldConstant(), relax.transform.FuseOps(),
