@@ -10,7 +10,8 @@ cores. The template instead:
 - folds the blocks before the activation into the one computing its input, and those after it
   into the output's block (`compute_inline`; a final copy, relax's reshape back, the other way:
   `reverse_compute_inline`): a pass over memory each would cost more than the arithmetic;
-- tiles the output's last dimension into steps of `vectors` × 16 lanes, splits a row's steps into
+- tiles the output's last dimension into steps of `vectors` × 16 lanes (× 8 for a row that is a
+  multiple of 8 but not of 16: Whisper's 3,000 frames), splits a row's steps into
   [outer, inner] (knob `tile`) and runs the other dimensions and the outer steps in parallel;
 - computes the activation's input and the activation at each step (`compute_at`: a few vectors of
   scratch), the activation tensorized with the polynomial of `schedules/intrinsics.py` (absolute
@@ -27,7 +28,7 @@ import math
 from typing import TYPE_CHECKING, cast
 
 from schedules.base import StructuralTemplate, is_x86, vector_lanes
-from schedules.intrinsics import ACTIVATION_F32, use
+from schedules.intrinsics import ACTIVATION_F32, ACTIVATION_F32_X8, use
 from schedules.knobs import Categorical, PerfectTile, divides, knob_table
 from schedules.match_rows import ActivationMatch, match_activation
 from tuner.core.tvm_api import fuse
@@ -41,19 +42,26 @@ LANES = 16
 MIN_LANES = 8
 
 
+def row_lanes(row: int) -> int:
+    """The lanes of a step's vectors: 16, or 8 for a row that is a multiple of 8 but not of 16
+    (Whisper's 3,000 frames); 0 for neither."""
+    return LANES if row % LANES == 0 else MIN_LANES if row % MIN_LANES == 0 else 0
+
+
 class ActivationX86(StructuralTemplate):
     name = "activation-x86"
     target = "x86-64 (AVX-512 or AVX2)"
     ops = ("tir",)
     description = ("elementwise chain around an erf, tanh or sigmoid: folded into the "
                    "activation's input and the output, computed per step of 16-lane vectors "
+                   "(8-lane where the row is a multiple of 8, not 16) "
                    "in parallel, the activation tensorized with a vector polynomial")
     tensorize = False  # the trace tensorizes the activation itself
     population_size = 32  # a few dozen points at most
     KNOBS = knob_table(
         vectors=Categorical((1, 2, 4), probs=(0.4, 0.35, 0.25), fits=divides, fallback=1,
                             doc="16-lane vectors per step (those dividing the last "
-                                "dimension / 16)"),
+                                "dimension / 16; 8-lane ones off the 16 grid)"),
         tile=PerfectTile(2, max_innermost=4, of="steps of a row",
                          doc="a row's steps split into [parallel (with the rows), at most 4 "
                              "serial]"),
@@ -67,8 +75,8 @@ class ActivationX86(StructuralTemplate):
             return m.reason
         if not is_x86(target) or vector_lanes(target, 32) < MIN_LANES:
             return "not an x86 LLVM target with AVX2 or AVX-512"
-        if m.row % LANES:
-            return f"the last dimension ({m.row}) is not a multiple of {LANES}"
+        if not row_lanes(m.row):
+            return f"the last dimension ({m.row}) is not a multiple of {MIN_LANES}"
         if "check:activation" not in workload._cache:
             workload._cache["check:activation"] = _steps_problem(self, workload, target, m)
         return workload._cache["check:activation"]
@@ -76,7 +84,7 @@ class ActivationX86(StructuralTemplate):
     def knob_extents(self, workload: Workload) -> dict[str, int]:
         m = match_activation(workload)
         assert isinstance(m, ActivationMatch)
-        return {"vectors": m.row // LANES}
+        return {"vectors": m.row // row_lanes(m.row)}
 
     def schedule(self, sch: Schedule, workload: Workload, target: Target) -> None:
         m = match_activation(workload)
@@ -106,9 +114,10 @@ def _schedule(t: ActivationX86, sch: Schedule, m: ActivationMatch) -> tuple[int,
             sch.compute_inline(blocks[-2])
         out = blocks[-1]
     *rows, j = sch.get_loops(out)
-    v = t.sample(sch, "vectors", extent=m.row // LANES)
-    step = int(cast(int, sch.get(v))) * LANES  # the output's elements per step
-    jo, jv, jl = sch.split(j, [None, v, LANES])
+    width = row_lanes(m.row)
+    v = t.sample(sch, "vectors", extent=m.row // width)
+    step = int(cast(int, sch.get(v))) * width  # the output's elements per step
+    jo, jv, jl = sch.split(j, [None, v, width])
     # the steps of a row split [outer, inner], the outer fused with the rows and run in parallel
     # (a split of rows and steps fused would leave bindings `tensorize` cannot blockize)
     j0, ser = t.split(sch, "tile", jo)
@@ -119,16 +128,16 @@ def _schedule(t: ActivationX86, sch: Schedule, m: ActivationMatch) -> tuple[int,
     if m.input_block is not None:
         producer = sch.get_sblock(m.input_block)
         sch.compute_at(producer, ser, preserve_unit_loops=True)
-        _, lanes = sch.split(fuse(sch, *sch.get_loops(producer)[2:]), [None, LANES])
+        _, lanes = sch.split(fuse(sch, *sch.get_loops(producer)[2:]), [None, width])
         sch.vectorize(lanes)
-    intrin = use(ACTIVATION_F32.format(fn=m.fn))
+    intrin = use((ACTIVATION_F32 if width == LANES else ACTIVATION_F32_X8).format(fn=m.fn))
     if at == len(blocks) - 1:  # the activation writes the output: its own lanes are the step's
         sch.tensorize(jl, intrin)
         return step, step
     own = sch.get_loops(act)[2:]
     per_step = math.prod(int(cast("tvm.tirx.IntImm", cast("tvm.tirx.For", sch.get(loop)).extent))
                          for loop in own)
-    _, lanes = sch.split(fuse(sch, *own), [None, LANES])
+    _, lanes = sch.split(fuse(sch, *own), [None, width])
     sch.tensorize(lanes, intrin)
     sch.vectorize(jl)
     return per_step, step

@@ -212,8 +212,12 @@ def _activation_intrin(fn: str, lanes: int = 16) -> tuple[object, object]:
     return desc, impl
 
 
+ACTIVATION_F32_X8 = "{fn}_f32x8"  # 8 lanes: for rows that are a multiple of 8, not of 16
+
 for _fn in ACTIVATIONS:
     _FACTORIES[ACTIVATION_F32.format(fn=_fn)] = functools.partial(_activation_intrin, _fn)
+    _FACTORIES[ACTIVATION_F32_X8.format(fn=_fn)] = functools.partial(_activation_intrin, _fn,
+                                                                     lanes=8)
 
 
 # --- normalize: Y[l] = E[l] / S[0] as E[l] * (1 / S[0]) ---------------------------------------

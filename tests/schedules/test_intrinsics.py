@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from schedules.intrinsics import ACTIVATION_F32, ACTIVATIONS, use
+from schedules.intrinsics import ACTIVATION_F32, ACTIVATION_F32_X8, ACTIVATIONS, use
 from tests.support.targets import RUN_X86
 from tuner.core import tvm_api as tv
 
@@ -29,18 +29,19 @@ def _exact(fn: str, x: np.ndarray) -> np.ndarray:
     return 1.0 / (1.0 + np.exp(-x64))
 
 
-def _kernel(fn: str) -> Any:
+def _kernel(fn: str, lanes: int = 16) -> Any:
     x = tv.te.placeholder((N,), "float32", name="x")
     y = tv.te.compute((N,), lambda i: getattr(tv.tvm.tirx, fn)(x[i]), name="y")
     sch = tv.Schedule(tv.te.create_prim_func([x, y]))
-    _, lane = sch.split(sch.get_loops(sch.get_sblock("y"))[0], [None, 16])
-    sch.tensorize(lane, use(ACTIVATION_F32.format(fn=fn)))
+    _, lane = sch.split(sch.get_loops(sch.get_sblock("y"))[0], [None, lanes])
+    sch.tensorize(lane, use((ACTIVATION_F32 if lanes == 16 else ACTIVATION_F32_X8).format(fn=fn)))
     return sch, tv.compile_module(sch.mod, tv.make_target(RUN_X86))
 
 
+@pytest.mark.parametrize("lanes", [16, 8])
 @pytest.mark.parametrize("fn", ACTIVATIONS)
-def test_activation_intrinsics_match_the_exact_functions(fn: str) -> None:
-    sch, rt = _kernel(fn)
+def test_activation_intrinsics_match_the_exact_functions(fn: str, lanes: int) -> None:
+    sch, rt = _kernel(fn, lanes)
     assert f"T.{fn}(" not in sch.mod.script()  # the polynomial replaced the call
     rng = np.random.default_rng(0)
     x = np.concatenate([np.linspace(-6, 6, N // 2), rng.normal(0, 3, N // 4),

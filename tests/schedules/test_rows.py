@@ -32,6 +32,7 @@ def tir(func: Any) -> Any:
     ((8, 4, 48), "gelu_tanh", "tanh"),
     ((16, 64), "silu", "sigmoid"),     # x · sigmoid(x): x read before and after the activation
     ((2, 80), "tanh", "tanh"),         # the activation reads the input (no block before it)
+    ((6, 40), "gelu", "erf"),          # a row of 8-lane vectors only (Whisper's 3,000 frames)
 ])
 def test_the_activation_template_serves_relax_activations(shape: tuple[int, ...], act: str,
                                                           fn: str) -> None:
@@ -125,6 +126,14 @@ def test_a_transposed_read_is_left_to_the_generated_space() -> None:
     assert isinstance(match_activation_func(wl.prim_func()), ActivationMatch)
     why = registry.TEMPLATES["activation-x86"].why_not(wl, X86)
     assert why is not None and ("per vector" in why or "elements of the activation" in why), why
+    assert registry.resolve("default", wl, X86) == "auto"
+
+
+def test_an_activation_row_off_the_8_grid_is_left_to_the_generated_space() -> None:
+    wl = tir(relax_tasks.activation((4, 36), "gelu"))
+    assert isinstance(match_activation_func(wl.prim_func()), ActivationMatch)
+    why = registry.TEMPLATES["activation-x86"].why_not(wl, X86)
+    assert why == "the last dimension (36) is not a multiple of 8", why
     assert registry.resolve("default", wl, X86) == "auto"
 
 
