@@ -28,7 +28,7 @@ import math
 from typing import TYPE_CHECKING, cast
 
 from schedules.base import StructuralTemplate, is_x86, vector_lanes
-from schedules.intrinsics import ACTIVATION_F32, ACTIVATION_F32_X8, use
+from schedules.intrinsics import activation_f32, use
 from schedules.knobs import Categorical, PerfectTile, divides, knob_table
 from schedules.match_rows import ActivationMatch, match_activation
 from tuner.core.tvm_api import fuse
@@ -130,7 +130,7 @@ def _schedule(t: ActivationX86, sch: Schedule, m: ActivationMatch) -> tuple[int,
         sch.compute_at(producer, ser, preserve_unit_loops=True)
         _, lanes = sch.split(fuse(sch, *sch.get_loops(producer)[2:]), [None, width])
         sch.vectorize(lanes)
-    intrin = use((ACTIVATION_F32 if width == LANES else ACTIVATION_F32_X8).format(fn=m.fn))
+    intrin = use(activation_f32(m.fn, width))
     if at == len(blocks) - 1:  # the activation writes the output: its own lanes are the step's
         sch.tensorize(jl, intrin)
         return step, step

@@ -212,12 +212,16 @@ def _activation_intrin(fn: str, lanes: int = 16) -> tuple[object, object]:
     return desc, impl
 
 
-ACTIVATION_F32_X8 = "{fn}_f32x8"  # 8 lanes: for rows that are a multiple of 8, not of 16
+def activation_f32(fn: str, lanes: int = 16) -> str:
+    """The intrinsic of `fn` over `lanes` floats: 16 (`ACTIVATION_F32`), or 8 for rows that are
+    a multiple of 8 but not of 16."""
+    return f"{fn}_f32x{lanes}"
+
 
 for _fn in ACTIVATIONS:
-    _FACTORIES[ACTIVATION_F32.format(fn=_fn)] = functools.partial(_activation_intrin, _fn)
-    _FACTORIES[ACTIVATION_F32_X8.format(fn=_fn)] = functools.partial(_activation_intrin, _fn,
-                                                                     lanes=8)
+    for _lanes in (16, 8):
+        _FACTORIES[activation_f32(_fn, _lanes)] = functools.partial(_activation_intrin, _fn,
+                                                                    lanes=_lanes)
 
 
 # --- normalize: Y[l] = E[l] / S[0] as E[l] * (1 / S[0]) ---------------------------------------

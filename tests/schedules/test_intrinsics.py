@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from schedules.intrinsics import ACTIVATION_F32, ACTIVATION_F32_X8, ACTIVATIONS, use
+from schedules.intrinsics import ACTIVATIONS, activation_f32, use
 from tests.support.targets import RUN_X86
 from tuner.core import tvm_api as tv
 
@@ -34,7 +34,7 @@ def _kernel(fn: str, lanes: int = 16) -> Any:
     y = tv.te.compute((N,), lambda i: getattr(tv.tvm.tirx, fn)(x[i]), name="y")
     sch = tv.Schedule(tv.te.create_prim_func([x, y]))
     _, lane = sch.split(sch.get_loops(sch.get_sblock("y"))[0], [None, lanes])
-    sch.tensorize(lane, use((ACTIVATION_F32 if lanes == 16 else ACTIVATION_F32_X8).format(fn=fn)))
+    sch.tensorize(lane, use(activation_f32(fn, lanes)))
     return sch, tv.compile_module(sch.mod, tv.make_target(RUN_X86))
 
 

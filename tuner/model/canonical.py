@@ -132,12 +132,14 @@ class _Rewrite:
 
     def transform_module(self, mod: IRModule, ctx: tvm.transform.PassContext) -> IRModule:
         pattern, rewrite = type(self).make()
+        changed = False
         for gv, func in list(mod.functions_items()):
             if isinstance(func, relax.Function):
                 new = relax.dpl.rewrite_call(pattern, rewrite, func)
                 if not new.same_as(func):
                     mod.update_func(gv, new)
-        return relax.transform.Normalize()(mod)
+                    changed = True
+        return relax.transform.Normalize()(mod) if changed else mod
 
 
 @tvm.transform.module_pass(opt_level=0, name="TunefarmRecogniseRmsNorm")
