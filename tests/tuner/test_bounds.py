@@ -140,3 +140,25 @@ def test_a_guarded_access_is_proven_by_its_guard() -> None:
     with pytest.raises(SpecError, match=r"out-of-bounds check failed: .*buffer A"):
         parse_spec({"op": "tir", "tvmscript": unguarded})  # Select evaluates both sides
 
+
+
+CONCAT = '''@T.prim_func(s_tir=True)
+def f(A: T.Buffer((2, 8), "float32"), B: T.Buffer((2, 1), "float32"),
+      C: T.Buffer((2, 9), "float32")):
+    for i, j in T.grid(2, 9):
+        with T.sblock("T_concat"):
+            vi, vj = T.axis.remap("SS", [i, j])
+            C[vi, vj] = T.if_then_else({split} <= vj, B[vi, vj - {split}], A[vi, vj])
+'''
+
+
+def test_a_concatenation_is_proven_by_its_guard_on_both_sides() -> None:
+    """A concatenation as relax legalizes it (a KV cache's `torch.cat`): the second input read
+    where the guard holds, the first where it does not, which bounds i below 8. A guard one
+    element off leaves the first input's read unproven."""
+    assert parse_spec({"op": "tir", "tvmscript": CONCAT.format(split=8)}).key
+    int64 = CONCAT.format(split="T.int64(8)").replace("T.grid(2, 9)",
+                                                      "T.grid(T.int64(2), T.int64(9))")
+    assert parse_spec({"op": "tir", "tvmscript": int64}).key
+    with pytest.raises(SpecError, match=r"out-of-bounds check failed: .*buffer A"):
+        parse_spec({"op": "tir", "tvmscript": CONCAT.format(split=9)})

@@ -187,10 +187,11 @@ def unproven_access(func: tv.PrimFunc) -> str | None:
     def guarded(mutator: tv.tvm_ffi.StructuralMutator, cond: tv.Expr, then: tv.Stmt | tv.Expr,
                 other: tv.Stmt | tv.Expr | None) -> None:
         mutator.mutate(cond)
-        with an.constraint_scope(cond):
+        # simplified: the analyser takes `x < 64` as a bound on x, but not `!(64 <= x)`
+        with an.constraint_scope(an.simplify(cond)):
             mutator.mutate(then)
         if other is not None:
-            with an.constraint_scope(tirx.Not(cond)):
+            with an.constraint_scope(an.simplify(tirx.Not(cond))):
                 mutator.mutate(other)
 
     def on_for(n: tv.tvm.tirx.For, mutator: tv.tvm_ffi.StructuralMutator) -> tv.tvm.tirx.For:
