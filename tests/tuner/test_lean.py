@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from tuner.core import lean
+from tuner.core import lean, zygote
 from tuner.core.isolation import child_env
 from tuner.measure.local import LocalMeasurer
 
@@ -40,9 +40,21 @@ def _run(argv: list[str], tmp_path: Path) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+def _forked(module: str, tmp_path: Path, *args: str, idle: bool = False) -> dict:
+    """`module` run as a child of the fork server (`tuner.core.zygote`), from `tmp_path`."""
+    env = child_env({"PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)])})
+    proc = zygote.popen(module, *args, idle=idle, env=env, cwd=tmp_path,
+                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    assert isinstance(proc, zygote.ZygotePopen)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, (proc.returncode, out, err)
+    return json.loads(out.decode().strip().splitlines()[-1])
+
+
 def test_a_lean_child_runs_its_module_without_torch(tmp_path: Path) -> None:
     got = _run(lean.argv("probe_child", "7", "--drop=nobody"), tmp_path)
     assert got == {"torch": False, "argv": ["7", "--drop=nobody"], "name": "__main__"}
+    assert _forked("probe_child", tmp_path, "7", "--drop=nobody") == got
 
 
 SCHED_PROBE = """\
@@ -65,24 +77,26 @@ def test_an_idle_child_yields_the_cpu_from_its_first_import(tmp_path: Path) -> N
                              start_new_session=True)
         return json.loads(out.stdout.strip().splitlines()[-1])
 
-    idle, plain = run(True), run(False)
-    assert idle["idle"] and idle["autogroup"][-1] == "19", idle
-    assert not plain["idle"] and plain["autogroup"][-1] == "0", plain
+    for idle, plain in ((run(True), run(False)),
+                        (_forked("sched_child", tmp_path, idle=True),
+                         _forked("sched_child", tmp_path))):
+        assert idle["idle"] and idle["autogroup"][-1] == "19", idle
+        assert not plain["idle"] and plain["autogroup"][-1] == "0", plain
 
 
 def test_the_tvmscript_parser_starts_idle(monkeypatch: pytest.MonkeyPatch) -> None:
     from tuner.workloads import isolate
 
-    started: list[list[str]] = []
-    popen = subprocess.Popen
+    started: list[tuple[str, bool]] = []
+    popen = zygote.popen
 
-    def spy(argv: list[str], *args: Any, **kw: Any) -> Any:
-        started.append(list(argv))
-        return popen(argv, *args, **kw)
+    def spy(module: str, *args: str, idle: bool = False, **kw: Any) -> Any:
+        started.append((module, idle))
+        return popen(module, *args, idle=idle, **kw)
 
-    monkeypatch.setattr(isolate.subprocess, "Popen", spy)
+    monkeypatch.setattr(isolate.zygote, "popen", spy)
     isolate._parse_in_child(["not tvmscript"])
-    assert started and started[0][started[0].index("tuner.core.lean") + 1] == lean.IDLE
+    assert started == [(isolate.CHILD_MODULE, True)]
 
 
 def test_without_lean_torch_is_whatever_is_installed(tmp_path: Path) -> None:
@@ -94,27 +108,56 @@ def test_without_lean_torch_is_whatever_is_installed(tmp_path: Path) -> None:
     assert got["torch"] is (importlib.util.find_spec("torch") is not None)
 
 
-def test_the_sandbox_and_build_processes_start_lean() -> None:
+def test_the_sandbox_and_build_processes_start_lean(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Spawned (fork_server off): their command lines; forked from the fork server: the
+    server's, and no torch library mapped in the sandbox, the build process or the server."""
+    from tuner.core.config import get_settings
+
+    monkeypatch.setenv("TUNEFARM_FORK_SERVER", "0")
+    get_settings.cache_clear()
+    try:
+        with LocalMeasurer(build_workers=1) as m:
+            child = m._start_child(1)
+            cmdline = Path(f"/proc/{child.proc.pid}/cmdline").read_bytes().split(b"\0")
+            assert cmdline[1:4] == [b"-m", b"tuner.core.lean", b"tuner.measure.sandbox"]
+            child.wait_ready()
+            want = [b"-m", b"tuner.core.lean", b"tvm.exec.popen_worker"]
+            deadline = time.monotonic() + 60  # the pool starts its process from a thread
+            while not any(c[1:4] == want for c in _children()):
+                assert time.monotonic() < deadline, _children()
+                time.sleep(0.2)
+    finally:
+        get_settings.cache_clear()
+    monkeypatch.delenv("TUNEFARM_FORK_SERVER")
+    get_settings.cache_clear()
     with LocalMeasurer(build_workers=1) as m:
         child = m._start_child(1)
-        cmdline = Path(f"/proc/{child.proc.pid}/cmdline").read_bytes().split(b"\0")
-        assert cmdline[1:4] == [b"-m", b"tuner.core.lean", b"tuner.measure.sandbox"]
+        assert isinstance(child.proc, zygote.ZygotePopen)
+        server = zygote._get_server()
+        assert server is not None and _parent(Path(f"/proc/{child.proc.pid}")) == server.proc.pid
         child.wait_ready()
-        want = [b"-m", b"tuner.core.lean", b"tvm.exec.popen_worker"]
-        deadline = time.monotonic() + 60  # the pool starts its process from a thread
-        while not any(c[1:4] == want for c in _children()):
-            assert time.monotonic() < deadline, _children()
+        deadline = time.monotonic() + 60
+        while len(forked := _children(server.proc.pid)) < 2:  # the sandbox and a build process
+            assert time.monotonic() < deadline, forked
             time.sleep(0.2)
+        for pid in (server.proc.pid, *_children_pids(server.proc.pid)):
+            maps = Path(f"/proc/{pid}/maps").read_text()
+            assert "libtorch" not in maps and "libtvm" in maps, pid
 
 
-def _children() -> list[list[bytes]]:
-    """The command lines of this process's children."""
+def _children(parent: int | None = None) -> list[list[bytes]]:
+    """The command lines of the children of `parent` (this process)."""
     out = []
-    for p in Path("/proc").iterdir():
-        if p.name.isdigit() and _parent(p) == os.getpid():
-            with contextlib.suppress(OSError):
-                out.append((p / "cmdline").read_bytes().split(b"\0"))
+    for pid in _children_pids(parent):
+        with contextlib.suppress(OSError):
+            out.append(Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0"))
     return out
+
+
+def _children_pids(parent: int | None = None) -> list[int]:
+    want = os.getpid() if parent is None else parent
+    return [int(p.name) for p in Path("/proc").iterdir()
+            if p.name.isdigit() and _parent(p) == want]
 
 
 def _parent(proc: Path) -> int | None:

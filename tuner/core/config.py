@@ -112,6 +112,9 @@ class Settings(BaseSettings):
     sandbox_fsize_mb: int = 1024  # largest file a child may write (RLIMIT_FSIZE)
     sandbox_user: str = "nobody"  # children drop to this user when started as root ("": never)
     parse_timeout_s: float = 60.0  # a TVMScript parse child running longer is killed
+    # children (sandbox, build processes, TVMScript parsers) forked from one server per process
+    # that imported TVM once (tuner.core.zygote); off: each child a new interpreter
+    fork_server: bool = True
     # per API process: requests parsing TVMScript at once, more waiting at most parse_wait_s,
     # and new texts one principal may have parsed a minute (api.parsegate)
     parse_slots: int = 2

@@ -60,9 +60,15 @@ def main() -> None:
     if len(sys.argv) < 2:
         raise SystemExit(f"usage: python -m tuner.core.lean [{IDLE}] MODULE [ARGS...]")
     skip_unused()
-    module = sys.argv[1]
-    sys.argv = [sys.argv[0], *sys.argv[2:]]  # the module sees its own arguments
+    run(sys.argv[1], sys.argv[2:])
+
+
+def run(module: str, args: list[str]) -> int:
+    """Run `module` as `__main__` with `args` as its arguments (here, or in a child forked by
+    `tuner.core.zygote`); 0, or what it raises (SystemExit included)."""
+    sys.argv = [sys.argv[0], *args]  # the module sees its own arguments
     runpy.run_module(module, run_name="__main__", alter_sys=True)
+    return 0
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from tuner.core import lean
+from tuner.core import zygote
 from tuner.core.isolation import Limits, child_env
 from tuner.measure import Invalidity, MeasureInput
 from tuner.measure.evaluate import first_line
@@ -104,7 +104,6 @@ def _sandboxed_init(user: str) -> None:
 def _sandboxed_pool(limits: Limits, build_dir: str) -> type[PopenPoolExecutor]:
     """TVM's popen pool whose build processes start like every untrusted child: `child_env()`,
     `limits.preexec()` (own session, rlimits, no root), and a build directory they can write."""
-    import subprocess
     import sys
     import threading
 
@@ -122,11 +121,11 @@ def _sandboxed_pool(limits: Limits, build_dir: str) -> type[PopenPoolExecutor]:
                 return
             main_read, worker_write = os.pipe()
             worker_read, main_write = os.pipe()
-            cmd = lean.argv("tvm.exec.popen_worker", str(worker_read), str(worker_write))
-            self._proc = subprocess.Popen(
-                cmd, pass_fds=(worker_read, worker_write), stdout=self._stdout,
+            self._proc = zygote.popen(
+                "tvm.exec.popen_worker", str(worker_read), str(worker_write), limits=start,
+                pass_fds=(worker_read, worker_write), stdout=self._stdout,
                 stderr=self._stderr, env=child_env({"TMPDIR": build_dir, "HOME": build_dir}),
-                preexec_fn=start.preexec(), cwd=os.getcwd())
+                cwd=os.getcwd())
             os.close(worker_read)
             os.close(worker_write)
             self._reader = os.fdopen(main_read, "rb")

@@ -26,7 +26,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from tuner.core import lean
+from tuner.core import zygote
 from tuner.core.isolation import Limits, child_env
 from tuner.measure import Invalidity, MeasureInput, Measurer, MeasureResult
 from tuner.measure.builder import Built, Prebuilder
@@ -63,19 +63,18 @@ class _Child:
         r_fd, w_fd = os.pipe()
         self.log_path = log_path
         self._log = open(log_path, "ab")  # noqa: SIM115 - closed in kill()
-        argv = lean.argv("tuner.measure.sandbox", str(w_fd))
+        args = [str(w_fd)]
         if ids is not None and not limits.can_exec(sys.executable):
             # the unprivileged user cannot run this interpreter: the child drops itself to it
             # once its imports are done, before it reads any candidate
-            argv.append(f"--drop={limits.user}")
+            args.append(f"--drop={limits.user}")
             start = limits.keep_root()
         else:
             start = limits
-        # preexec: a new session (kill() kills the group), rlimits, then no root
-        self.proc = subprocess.Popen(
-            argv, stdin=subprocess.PIPE, stdout=self._log, stderr=self._log, pass_fds=(w_fd,),
-            env=env, preexec_fn=start.preexec(), cwd=os.getcwd(),
-        )
+        # in the child: a new session (kill() kills the group), rlimits, then no root
+        self.proc = zygote.popen(
+            "tuner.measure.sandbox", *args, limits=start, stdin=subprocess.PIPE,
+            stdout=self._log, stderr=self._log, pass_fds=(w_fd,), env=env, cwd=os.getcwd())
         os.close(w_fd)
         self.num_threads = num_threads
         self._r = r_fd

@@ -1,13 +1,13 @@
 """Parse untrusted TVMScript in a throwaway child process, never in the calling one.
 
-TVM's TVMScript parser evaluates Python expressions with builtins. The API, the tuner, the
-builder and the sandbox hold credentials (tokens, database URLs), so none of them runs it on a
-submission: `parse_isolated(vetted)` starts `python -m tuner.workloads.parse_child` with
-`child_env()` (nothing secret), `Limits.from_settings()` (address space, CPU seconds, file size,
-own session, no root; the child applies them to itself before it reads anything) and
-`parse_timeout_s`, sends it the text, and loads the PrimFunc it prints
-as TVM JSON with `tvm.ir.load_json` (data: no Python of the submission runs here). The child vets
-the text again before parsing it (`parse_child.py`).
+TVM's TVMScript parser evaluates Python expressions with builtins. The API, the tuner, the builder
+and the sandbox hold credentials (tokens, database URLs), so none of them runs it on a submission:
+`parse_isolated(vetted)` starts `tuner.workloads.parse_child` as a lean child (forked by the
+process's fork server, `tuner.core.zygote`) with `child_env()` (nothing secret),
+`Limits.from_settings()` (address space, CPU seconds, file size, own session, no root; the child
+applies them to itself before it reads anything) and `parse_timeout_s`, sends it the text, and loads
+the PrimFunc it prints as TVM JSON with `tvm.ir.load_json` (data: no Python of the submission runs
+here). The child vets the text again before parsing it (`parse_child.py`).
 
 A crash, a limit, a timeout or unreadable output is a SpecError ("the TVMScript parser
 failed/timed out ..."), never another exception. Results (PrimFuncs and the parser's own
@@ -38,7 +38,7 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
-from ..core import lean
+from ..core import zygote
 from ..core.config import get_settings
 from ..core.errors import SpecError
 from ..core.isolation import Limits, child_env
@@ -119,10 +119,10 @@ def _parse_in_child(texts: list[str]) -> list[tuple[bool, PrimFunc | str]]:
     # then starts as root with the limits set, imports, and drops itself before reading the text
     late_drop = limits.drop_ids() is not None and not limits.can_exec(sys.executable)
     start = limits.keep_root() if late_drop else limits
-    # the child confines itself (`Limits.apply_here`) before it reads the text: spawned without
-    # a preexec_fn, so starting it does not fork this (large) process and stall its threads
-    argv = lean.argv(CHILD_MODULE, f"--limits={start.as_json()}",
-                     *([f"--drop={limits.user}"] if late_drop else []), idle=True)
+    # the child confines itself (`Limits.apply_here`) before it reads the text: forked by the
+    # fork server or spawned, never forked from this (large) process, whose threads a fork
+    # would stall
+    args = (f"--limits={start.as_json()}", *([f"--drop={limits.user}"] if late_drop else []))
     request = json.dumps({"texts": texts, "max_tvmscript_bytes": settings.max_tvmscript_bytes,
                           "max_tvmscript_nodes": settings.max_tvmscript_nodes})
     tmp = tempfile.mkdtemp(prefix="tunefarm-parse-")
@@ -132,9 +132,9 @@ def _parse_in_child(texts: list[str]) -> list[tuple[bool, PrimFunc | str]]:
     path = os.pathsep.join(p for p in (_ROOT, os.environ.get("PYTHONPATH", "")) if p)
     env = child_env({"TMPDIR": tmp, "HOME": tmp, "TVM_NUM_THREADS": "1", "PYTHONPATH": path})
     try:
-        proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, env=env, start_new_session=True,
-                                cwd=tmp)
+        proc = zygote.popen(CHILD_MODULE, *args, idle=True, stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
+                            start_new_session=True, cwd=tmp)
         try:
             out, err = proc.communicate(request.encode("utf-8"), timeout=timeout)
         except subprocess.TimeoutExpired:
