@@ -69,10 +69,21 @@ class _Server:
         theirs.close()
         self.sock = ours
         self.lock = threading.Lock()
-        ours.settimeout(START_TIMEOUT_S)
-        if ours.recv(64) != b"ready":
-            raise OSError("the fork server did not start")
-        ours.settimeout(None)
+        try:
+            ours.settimeout(START_TIMEOUT_S)
+            if ours.recv(64) != b"ready":
+                raise OSError("the fork server did not start")
+            ours.settimeout(None)
+        except OSError:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        self.sock.close()
+        with contextlib.suppress(OSError):
+            self.proc.kill()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(timeout=5)
 
     def spawn(self, request: dict[str, Any], fds: list[int]
               ) -> tuple[int, socket.socket, bytes]:
@@ -130,7 +141,10 @@ def popen(module: str, *args: str, idle: bool = False, limits: Any = None,
     `kwargs` are `subprocess.Popen`'s (not `preexec_fn`, `executable` or `shell`)."""
     assert not {"preexec_fn", "executable", "shell"} & set(kwargs), kwargs
     if enabled() and (server := _get_server()) is not None:
-        return ZygotePopen(server, module, list(args), idle=idle, limits=limits, **kwargs)
+        try:
+            return ZygotePopen(server, module, list(args), idle=idle, limits=limits, **kwargs)
+        except OSError:  # the server broke: this child is spawned, the next gets a new server
+            server.close()
     if limits is not None:
         kwargs["preexec_fn"] = limits.preexec()
     return subprocess.Popen(lean.argv(module, *args, idle=idle), **kwargs)
