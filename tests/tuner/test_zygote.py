@@ -99,7 +99,7 @@ def test_the_server_goes_with_its_client_and_a_lost_server_is_replaced(probe: Pa
         [sys.executable, "-c", "import json, subprocess; from tuner.core import zygote\n"
          "p = zygote.popen('json.tool', stdin=subprocess.PIPE, stdout=subprocess.PIPE)\n"
          "out, _ = p.communicate(b'[1]')\n"
-         "print(json.dumps([zygote._server.proc.pid, p.returncode, out.decode()]))"],
+         "print(json.dumps([zygote._servers[False].proc.pid, p.returncode, out.decode()]))"],
         cwd=ROOT, capture_output=True, text=True, timeout=120, check=True,
         env={**os.environ, "PYTHONPATH": str(ROOT)})
     server_pid, code, out = json.loads(client.stdout.strip().splitlines()[-1])
@@ -150,3 +150,15 @@ def _state(pid: int) -> str:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
     except (OSError, IndexError):
         return "gone"
+
+
+def test_idle_children_come_from_a_server_in_the_idle_class(probe: Path) -> None:
+    """The API's parse children run in the idle class from their first import; their server
+    too (its start-up imports TVM while the API serves), and the other server does not."""
+    for idle in (True, False):
+        proc = _start(probe, "exit", "0", idle=idle)
+        proc.communicate(timeout=60)
+        server = zygote._get_server(idle)
+        assert proc.returncode == 0 and server is not None
+        assert (os.sched_getscheduler(server.proc.pid) == os.SCHED_IDLE) is idle
+    assert zygote._get_server(True) is not zygote._get_server(False)

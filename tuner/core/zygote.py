@@ -1,8 +1,8 @@
-"""A fork server for lean children: each process that starts children (the tuner's sandbox and
-build processes, the API's TVMScript parsers) starts one server, which imports TVM and the
-children's modules once; every child is then a fork of it instead of a new interpreter that
-imports them again (0.7-0.8 s of CPU each, measured on a 2-core Xeon and Zen 4; the suite
-starts about 350 children).
+"""A fork server for lean children: each process that starts children (the tuner's sandbox and build
+processes, the API's TVMScript parsers) starts a server per scheduling class (the parsers' runs
+in the idle class, as they do), which imports TVM and the children's modules once; every child is
+then a fork of it instead of a new interpreter that imports them again (0.7-0.8 s of CPU each,
+measured on a 2-core Xeon and Zen 4; the suite starts about 350 children).
 
     popen("tuner.measure.sandbox", str(fd), limits=..., stdin=PIPE, pass_fds=(fd,), env=...)
 
@@ -55,15 +55,16 @@ _KILLED = signal.SIGKILL.value  # a wait status: killed by SIGKILL
 
 
 class _Server:
-    """The client's handle on its fork server: one per process, started on first use."""
+    """The client's handle on a fork server: one per process and scheduling class, started on
+    first use; `idle`: in the idle class from its first import, as its children are."""
 
-    def __init__(self) -> None:
+    def __init__(self, idle: bool = False) -> None:
         from .isolation import child_env
 
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         path = os.pathsep.join(p for p in (_ROOT, os.environ.get("PYTHONPATH", "")) if p)
         self.proc = subprocess.Popen(
-            lean.argv(MODULE, str(theirs.fileno())), pass_fds=(theirs.fileno(),),
+            lean.argv(MODULE, str(theirs.fileno()), idle=idle), pass_fds=(theirs.fileno(),),
             env=child_env({"PYTHONPATH": path}), cwd=_ROOT, stdin=subprocess.DEVNULL,
             start_new_session=True)
         theirs.close()
@@ -108,24 +109,27 @@ class _Server:
             raise
 
 
-_server: _Server | None = None
-_failed = False
+_servers: dict[bool, _Server] = {}  # by idle class
+_failed: set[bool] = set()
 _start_lock = threading.Lock()
 
 
-def _get_server() -> _Server | None:
-    global _server, _failed
+def _get_server(idle: bool = False) -> _Server | None:
+    """This process's fork server of the class `idle` (started now if it has none running);
+    None where one failed to start."""
     with _start_lock:
-        if _server is not None and _server.proc.poll() is None:
-            return _server
-        if _failed:
+        server = _servers.get(idle)
+        if server is not None and server.proc.poll() is None:
+            return server
+        if idle in _failed:
             return None
         try:
-            _server = _Server()
+            _servers[idle] = server = _Server(idle)
         except OSError:
-            _failed = True  # plain children from now on
-            _server = None
-        return _server
+            _failed.add(idle)  # plain children of this class from now on
+            _servers.pop(idle, None)
+            return None
+        return server
 
 
 def enabled() -> bool:
@@ -140,7 +144,7 @@ def popen(module: str, *args: str, idle: bool = False, limits: Any = None,
     (a `tuner.core.isolation.Limits`) are applied in the child as `limits.preexec()` would;
     `kwargs` are `subprocess.Popen`'s (not `preexec_fn`, `executable` or `shell`)."""
     assert not {"preexec_fn", "executable", "shell"} & set(kwargs), kwargs
-    if enabled() and (server := _get_server()) is not None:
+    if enabled() and (server := _get_server(idle)) is not None:
         try:
             return ZygotePopen(server, module, list(args), idle=idle, limits=limits, **kwargs)
         except OSError:  # the server broke: this child is spawned, the next gets a new server
