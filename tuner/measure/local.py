@@ -47,8 +47,8 @@ class _Deadline(Exception):
 
 
 class _Child:
-    """One sandbox process and its response pipe. It starts (imports TVM, ~1 s) in the background;
-    `wait_ready` waits for it."""
+    """One sandbox process and its response pipe. It starts in the background (forked by the fork
+    server, milliseconds; spawned, it imports TVM first, ~1 s); `wait_ready` waits for it."""
 
     def __init__(self, num_threads: int, log_path: Path) -> None:
         limits = Limits.from_settings()
