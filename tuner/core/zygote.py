@@ -286,6 +286,8 @@ def serve(fd: int) -> None:
 
 def _fork(msg: bytes, fds: list[int], reports: dict[int, socket.socket],
           own: tuple[int, ...]) -> None:
+    if not fds:  # no socket to answer on: not a request of ours
+        return
     report = socket.socket(fileno=fds[0])
     try:
         request = json.loads(msg)
