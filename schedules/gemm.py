@@ -44,7 +44,7 @@ from schedules.base import (
     pack_weight,
     padding_of,
 )
-from schedules.intrinsics import ACTIVATION_F32, use
+from schedules.intrinsics import activation_f32, use
 from schedules.knobs import Categorical, DesignSpace, PerfectTile, divides, knob_table
 from schedules.match import GemmMatch, match_gemm
 from schedules.match_rows import activation_of
@@ -177,7 +177,7 @@ class GemmX86(StructuralTemplate):
             if fn is None:
                 sch.vectorize(lanes)
             else:
-                sch.tensorize(lanes, use(ACTIVATION_F32.format(fn=fn)))
+                sch.tensorize(lanes, use(activation_f32(fn)))
 
 
 def _padding(g: GemmMatch) -> tuple[int, int]:

@@ -147,7 +147,6 @@ for _lanes in (4, 8, 16):
 # - sigmoid, on `_vexp`: 1 / (1 + e^-x).
 # NaN does not propagate (the clamps turn it into a number), as with the softmax exp.
 
-ACTIVATION_F32 = "{fn}_f32x16"  # .format(fn="erf" | "tanh" | "sigmoid")
 ACTIVATIONS = ("erf", "tanh", "sigmoid")
 _ERF_CLAMP = 4.0
 # P(t) = sum P[i] t^i, Q likewise (python -m bench.fit_erf prints them)
@@ -213,8 +212,8 @@ def _activation_intrin(fn: str, lanes: int = 16) -> tuple[object, object]:
 
 
 def activation_f32(fn: str, lanes: int = 16) -> str:
-    """The intrinsic of `fn` over `lanes` floats: 16 (`ACTIVATION_F32`), or 8 for rows that are
-    a multiple of 8 but not of 16."""
+    """The intrinsic of `fn` ("erf", "tanh" or "sigmoid") over `lanes` floats: 16, or 8 for rows
+    that are a multiple of 8 but not of 16."""
     return f"{fn}_f32x{lanes}"
 
 

@@ -40,7 +40,7 @@ def argv(module: str, *args: str, idle: bool = False) -> list[str]:
 IDLE = "--idle"
 
 
-def _idle() -> None:
+def enter_idle_class() -> None:
     """Run only on CPU time no other process wants: SCHED_IDLE, and the lowest weight for the
     session's autogroup. A child in a session of its own (setsid: no controlling terminal) is
     scheduled in an autogroup of its own, which the kernel weighs against the parent's
@@ -55,7 +55,7 @@ def _idle() -> None:
 
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == IDLE:
-        _idle()  # before the module's package imports anything
+        enter_idle_class()  # before the module's package imports anything
         del sys.argv[1]
     if len(sys.argv) < 2:
         raise SystemExit(f"usage: python -m tuner.core.lean [{IDLE}] MODULE [ARGS...]")

@@ -289,13 +289,16 @@ def _fork(msg: bytes, fds: list[int], reports: dict[int, socket.socket],
     if not fds:  # no socket to answer on: not a request of ours
         return
     report = socket.socket(fileno=fds[0])
+    ready: tuple[int, ...] = ()
     try:
         request = json.loads(msg)
         if len(request["targets"]) != len(fds) - 1:
             raise ValueError("descriptors and targets differ")
-        ready_r, ready_w = os.pipe()
+        ready = ready_r, ready_w = os.pipe()
         pid = os.fork()
     except Exception as exc:  # a malformed request or no fork: the client falls back
+        for f in ready:
+            os.close(f)
         with contextlib.suppress(OSError):
             report.sendall(json.dumps({"error": f"{type(exc).__name__}: {exc}"}).encode() + b"\n")
         report.close()
@@ -383,7 +386,7 @@ def _child(request: dict[str, Any], fds: list[int], own: tuple[int, ...],
         sys.stderr = io.TextIOWrapper(io.FileIO(2, "w", closefd=False),
                                       line_buffering=True, write_through=True)
         if request.get("idle"):
-            lean._idle()
+            lean.enter_idle_class()
         module = str(request["module"])
         sys.modules.pop(module, None)  # preloaded: run afresh as __main__
         code = lean.run(module, [str(a) for a in request["args"]])
