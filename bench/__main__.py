@@ -69,7 +69,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--target", default="host",
                    help='"host" (this CPU, num-cores = --threads) or a JSON target dict')
     p.add_argument("--space", default="default", help="tunefarm's search space (default)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0,
+                   help="the tuners' seed; --suite models and zoo: also torch's, which makes "
+                        "the models' random weights (0)")
+    p.add_argument("--seeds", help="--suite models and zoo: comma-separated tuner seeds, e.g. "
+                                   "0,1,2: each tunes both tuners once on the same model, all "
+                                   "builds timed in one run; a tuner's figure is the median "
+                                   "over its seeds (bench/seeds.py)")
     p.add_argument("--peak-fp32", type=float, default=529.0, help="fp32 peak GFLOPS (529)")
     p.add_argument("--peak-int8", type=float, default=2100.0, help="int8 peak GOPS (2100)")
     p.add_argument("--peak-bf16", type=float, default=1058.0,

@@ -15,6 +15,8 @@ one process:
 - PyTorch under `inference_mode`: eager, and `torch.compile` default and max-autotune, each with
   inductor's freezing, channels-last too for convolution models (`bench.torchref`).
 All are timed interleaved (`bench.timing`), every output checked against PyTorch eager.
+`--seeds 0,1,2` tunes both tuners once per seed (the weights stay `--seed`'s), all of the
+builds in the one timing (`bench/seeds.py`).
 `--fast-math` partitions with GELU's erf/tanh approximated (`tuner.model.fastmath`; every
 TVM variant then uses it). `--scale small` shrinks each model (hidden sizes, sequence,
 channels) to make a run take minutes instead of hours; RESULTS.md says which scale a figure is
@@ -31,6 +33,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from . import seeds as seeds_mod
+from .report import models_table
 from .torchref import checked_reference, torch_variants
 
 # (rtol, atol) of a bf16 run's outputs against float32 PyTorch: bf16 operands carry 8 bits of
@@ -200,7 +204,8 @@ def _calibrate_batch_norm(net: Any, inputs: tuple[Any, ...], torch: Any) -> None
 
 def _tune_tunefarm(mod: Any, tasks: list[Any], target: dict[str, Any], trials: int,
                    work: Path, log: Any, passes: dict[str, Any],
-                   earlier: dict[str, Any] | None = None) -> tuple[Any, dict[str, Any]]:
+                   earlier: dict[str, Any] | None = None, *, seed: int = 0
+                   ) -> tuple[Any, dict[str, Any]]:
     """Tune (unless `earlier`: the info of the run whose database is in `work`) and build."""
     from tuner.db import Store
     from tuner.interop.ms_database import TunefarmDatabase
@@ -226,6 +231,7 @@ def _tune_tunefarm(mod: Any, tasks: list[Any], target: dict[str, Any], trials: i
             summary = ModelTuner(store, measurer, on_progress=progress).run(ModelRequest(
                 tasks=tasks, target=target, trials=trials * len(tasks),
                 max_trials_per_task=trials,  # MetaSchedule's cap too: equal budgets
+                seed=seed,
                 options=MeasureOptions.from_settings(_settings(), target)))
         info = {"tuning_s": time.monotonic() - t0, "trials": summary.trials,
                 "estimate_s": summary.estimate_s, "curve": curve}
@@ -292,12 +298,18 @@ def run_models(args: Any) -> int:
 
     (out_dir / "machine.json").write_text(json.dumps(
         machine_info(target, args.threads, torch), indent=2, default=str))
+    seeds = seeds_mod.parse(args.seeds) if args.seeds else [args.seed]
+
+    def work_dir(name: str, seed: int) -> Path:
+        return (out_dir / f"work-{name}-{args.scale}{_suffix(args)}"
+                f"{seeds_mod.work_suffix(seed, seeds)}")
+
     results: dict[str, Any] = {}
     saved = out_dir / "models.json"
     previous = json.loads(saved.read_text()) if args.reuse_tuning and saved.exists() else {}
     if args.reuse_tuning:
         missing = [n for n in names if n not in previous
-                   or not (out_dir / f"work-{n}-{args.scale}{_suffix(args)}").is_dir()]
+                   or not all(work_dir(n, seed).is_dir() for seed in seeds)]
         if missing:
             raise SystemExit(f"--reuse-tuning: no earlier run of {', '.join(missing)} "
                              f"in {out_dir}")
@@ -319,35 +331,54 @@ def run_models(args: Any) -> int:
         tasks = extract(part, tgt)
         print(f"== {name} ({args.scale}): {len(tasks)} tasks, "
               f"{sum(t.weight for t in tasks)} calls", flush=True)
-        # the databases stay in --out: `--reuse-tuning` builds from them and times again
-        work = out_dir / f"work-{name}-{args.scale}{_suffix(args)}"
-        earlier = previous.get(name) if args.reuse_tuning else None
-        if earlier is None:
-            shutil.rmtree(work, ignore_errors=True)
-            work.mkdir(parents=True)
-        tf_exe, tf_info = _tune_tunefarm(mod, tasks, target, args.trials, work,
-                                         lambda m: print(m, flush=True), passes,
-                                         earlier and earlier["tunefarm"])
-        print(f"    tunefarm tuned in {tf_info['tuning_s']:.0f} s", flush=True)
-        ms_prev = earlier["metaschedule"] if earlier else None
-        skip_ms = args.skip_ms or ms_prev == {}  # reused: only if the earlier run tuned it
-        ms_exe, ms_info = (None, {}) if skip_ms else _tune_metaschedule(
-            mod, part, len(tasks), tgt, args.trials, work, passes, ms_prev,
-            threads=args.threads, seed=args.seed)
-        if ms_exe is not None:
-            print(f"    MetaSchedule tuned in {ms_info['tuning_s']:.0f} s", flush=True)
-        exes = {"tunefarm": tf_exe, "metaschedule": ms_exe,
-                "tvm-untuned": tvm_mod.compile(part, target=tgt)}
+        exes: dict[str, Any] = {}
+        tuning: dict[str, Any] = {}
+        for seed in seeds:
+            exes_s, info_s = _tune_both(name, mod, part, tasks, target, tgt, work_dir(name, seed),
+                                        passes, args, seed, seeds, previous.get(name))
+            exes.update(exes_s)
+            tuning.update(info_s)
+        exes["tvm-untuned"] = tvm_mod.compile(part, target=tgt)
         timed = _time(exes, net, inputs, reference, args, torch)
         results[name] = {"scale": args.scale, **passes, "tasks": len(tasks),
-                         "trials_per_task": args.trials,
-                         "tunefarm": tf_info, "metaschedule": ms_info, "timing": timed}
+                         "trials_per_task": args.trials, "tuning": tuning, "timing": timed}
+        if len(seeds) > 1:
+            results[name]["seeds"] = {t: seeds_mod.aggregate(timed, t) for t in seeds_mod.TUNERS}
         (out_dir / "models.json").write_text(json.dumps(results, indent=2, default=str))
         row = {k: v.get("median_s") for k, v in timed.items()}
         print(f"    {name}: " + "  ".join(f"{k} {v * 1e3:.3f} ms" for k, v in row.items() if v),
               flush=True)
-    _summary(results, out_dir)
+    text = models_table(results)
+    (out_dir / "models.md").write_text(text)
+    print(text)
     return 0
+
+
+def _tune_both(name: str, mod: Any, part: Any, tasks: list[Any], target: dict[str, Any],
+               tgt: Any, work: Path, passes: dict[str, Any], args: Any, seed: int,
+               seeds: list[int], previous: dict[str, Any] | None
+               ) -> tuple[dict[str, Any], dict[str, Any]]:
+    """One seed of both tuners (or, with `previous`, their databases in `work` built again):
+    ({variant name: executable}, {variant name: tuning info})."""
+    tf_name, ms_name = (seeds_mod.label(t, seed, seeds) for t in seeds_mod.TUNERS)
+    earlier = seeds_mod.tuned(previous) if previous is not None else None
+    if earlier is None:
+        shutil.rmtree(work, ignore_errors=True)
+        work.mkdir(parents=True)
+    elif tf_name not in earlier:
+        raise SystemExit(f"--reuse-tuning: the earlier run of {name} has no {tf_name}")
+    tf_exe, tf_info = _tune_tunefarm(mod, tasks, target, args.trials, work,
+                                     lambda m: print(m, flush=True), passes,
+                                     earlier and earlier[tf_name], seed=seed)
+    print(f"    {tf_name} tuned in {tf_info['tuning_s']:.0f} s", flush=True)
+    exes, infos = {tf_name: tf_exe}, {tf_name: tf_info}
+    ms_prev = earlier.get(ms_name, {}) if earlier is not None else None
+    if not args.skip_ms and ms_prev != {}:  # reused: only if the earlier run tuned it
+        exes[ms_name], infos[ms_name] = _tune_metaschedule(
+            mod, part, len(tasks), tgt, args.trials, work, passes, ms_prev,
+            threads=args.threads, seed=seed)
+        print(f"    {ms_name} tuned in {infos[ms_name]['tuning_s']:.0f} s", flush=True)
+    return exes, infos
 
 
 def _time(exes: dict[str, Any], net: Any, inputs: tuple[Any, ...], reference: list[Any],
@@ -374,29 +405,3 @@ def _time(exes: dict[str, Any], net: Any, inputs: tuple[Any, ...], reference: li
 def _suffix(args: Any) -> str:
     """Of a work folder: a bf16 run's databases are not a float32 run's."""
     return "-bf16" if args.dtype == "bfloat16" else ""
-
-
-def _summary(results: dict[str, Any], out_dir: Path) -> None:
-    lines = ["| model | tasks | tunefarm | MetaSchedule | tf/MS | untuned | PyTorch | "
-             "best torch.compile | tf tuning s | MS tuning s |", "|" + "---|" * 10]
-    for name, r in results.items():
-        t = {k: v.get("median_s") for k, v in r["timing"].items()}
-
-        def ms(x: float | None) -> str:
-            return f"{x * 1e3:.3f} ms" if x else "-"
-
-        ratio = (f"{t['tunefarm'] / t['metaschedule']:.2f}"
-                 if t.get("tunefarm") and t.get("metaschedule") else "-")
-        eager = [v for k, v in t.items() if k.startswith("pytorch") and v]  # bf16: + autocast
-        t["pytorch"] = min(eager) if eager else None
-        compiled = [v for k, v in t.items() if k.startswith("torch.compile") and v]
-        t["torch.compile"] = min(compiled) if compiled else None  # the best variant
-        lines.append(f"| {name} ({r['scale']}) | {r['tasks']} | {ms(t.get('tunefarm'))} | "
-                     f"{ms(t.get('metaschedule'))} | {ratio} | {ms(t.get('tvm-untuned'))} | "
-                     f"{ms(t.get('pytorch'))} | {ms(t.get('torch.compile'))} | "
-                     f"{r['tunefarm'].get('tuning_s', 0):.0f} | "
-                     f"{r['metaschedule'].get('tuning_s', 0):.0f} |")
-    text = "\n".join(lines) + "\n"
-    (out_dir / "models.md").write_text(text)
-    print(text)
-

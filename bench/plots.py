@@ -18,12 +18,15 @@ import math
 from pathlib import Path
 from typing import Any
 
+from . import seeds
+
 COLORS = {"tunefarm": "#1f77b4", "metaschedule": "#ff7f0e", "pytorch": "#7f7f7f",
           "numpy": "#bcbd22", "tvm-untuned": "#c7c7c7"}
 COMPILE_COLOR = "#2ca02c"
 
 
 def _color(name: str) -> str:
+    name = seeds.tuner_of(name)  # every seed of a tuner in the tuner's colour
     return COLORS.get(name, COMPILE_COLOR if name.startswith("torch.compile") else "#9467bd")
 
 
@@ -101,7 +104,7 @@ def _models(doc: dict[str, Any], plots: Path, plt: Any) -> list[str]:
         compiled = {k: v["median_s"] for k, v in t.items()
                     if k.startswith("torch.compile") and v.get("median_s")}
         best_c = min(compiled, key=lambda k: compiled[k]) if compiled else None
-        tf, ms = t.get("tunefarm", {}).get("median_s"), t.get("metaschedule", {}).get("median_s")
+        tf, ms = seeds.median_s(r, "tunefarm"), seeds.median_s(r, "metaschedule")
         lines += [f"### {name} ({r['scale']}, {r['tasks']} tasks, {r['trials_per_task']} trials "
                   "per task)", ""]
         # relax's default loops (hundreds of times slower) would flatten every other bar
@@ -112,7 +115,8 @@ def _models(doc: dict[str, Any], plots: Path, plt: Any) -> list[str]:
         fig.savefig(plots / f"model-{name}.png", dpi=110)
         plt.close(fig)
         lines.append(f"![{name} latency](plots/model-{name}.png)")
-        rows = [("tunefarm", tf), ("MetaSchedule", ms),
+        rows = [("tunefarm" + seeds.spread(r, "tunefarm"), tf),
+                ("MetaSchedule" + seeds.spread(r, "metaschedule"), ms),
                 (f"best torch.compile ({best_c})" if best_c else "torch.compile",
                  compiled.get(best_c) if best_c else None),
                 ("PyTorch eager", t.get("pytorch", {}).get("median_s")),
@@ -120,7 +124,7 @@ def _models(doc: dict[str, Any], plots: Path, plt: Any) -> list[str]:
         lines += ["", "| variant | median | tunefarm / it |", "|---|---:|---:|"]
         lines += [f"| {label} | {_ms(v)} | {tf / v:.2f} |" if tf and v else
                   f"| {label} | {_ms(v)} | - |" for label, v in rows]
-        tuned = {"tunefarm": r.get("tunefarm", {}), "metaschedule": r.get("metaschedule", {})}
+        tuned = seeds.tuned(r)
         lines += ["", "Trials measured: " + ", ".join(
             f"{k} {v.get('trials', '-')} in {v.get('tuning_s', 0):.0f} s"
             for k, v in tuned.items() if v), ""]

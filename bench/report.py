@@ -1,4 +1,5 @@
-"""results.json and results.md: machine info, one row per workload, the suite's geometric mean."""
+"""results.json and results.md: machine info, one row per workload, the suite's geometric mean;
+models.md: one row per model of the model suite."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ import platform
 import subprocess
 from pathlib import Path
 from typing import Any
+
+from . import seeds
 
 # tunefarm's kernel again, called from a Python loop as PyTorch and numpy are (bench.timing):
 # "same loop" is its ratio to PyTorch, "dispatch µs" what the Python call adds to the C++ loop's
@@ -230,3 +233,33 @@ def write(out: Path, doc: dict[str, Any]) -> None:
 def _bf16_peak(peak: dict[str, Any]) -> str:
     """", bf16 N GFLOPS" where the run had it (results of runs before --peak-bf16 have none)."""
     return f", bf16 {peak['bf16']:g} GFLOPS" if peak.get("bf16") else ""
+
+
+def models_table(results: dict[str, Any]) -> str:
+    """models.md: a row per model (a tuner run with several seeds: their median and spread)."""
+    lines = ["| model | tasks | tunefarm | MetaSchedule | tf/MS | untuned | PyTorch | "
+             "best torch.compile | tf tuning s | MS tuning s |", "|" + "---|" * 10]
+
+    def ms(x: float | None) -> str:
+        return f"{x * 1e3:.3f} ms" if x else "-"
+
+    for name, r in results.items():
+        t = {k: v.get("median_s") for k, v in r["timing"].items()}
+        t.update({k: seeds.median_s(r, k) for k in seeds.TUNERS})
+        tuned = seeds.tuned(r)
+        tuning_s = {tuner: "/".join(f"{v.get('tuning_s', 0):.0f}" for k, v in tuned.items()
+                                    if seeds.tuner_of(k) == tuner) or "0"
+                    for tuner in seeds.TUNERS}
+        ratio = (f"{t['tunefarm'] / t['metaschedule']:.2f}"
+                 if t.get("tunefarm") and t.get("metaschedule") else "-")
+        eager = [v for k, v in t.items() if k.startswith("pytorch") and v]  # bf16: + autocast
+        t["pytorch"] = min(eager) if eager else None
+        compiled = [v for k, v in t.items() if k.startswith("torch.compile") and v]
+        t["torch.compile"] = min(compiled) if compiled else None  # the best variant
+        lines.append(f"| {name} ({r['scale']}) | {r['tasks']} | {ms(t.get('tunefarm'))}"
+                     f"{seeds.spread(r, 'tunefarm')} | {ms(t.get('metaschedule'))}"
+                     f"{seeds.spread(r, 'metaschedule')} | {ratio} | "
+                     f"{ms(t.get('tvm-untuned'))} | {ms(t.get('pytorch'))} | "
+                     f"{ms(t.get('torch.compile'))} | {tuning_s['tunefarm']} | "
+                     f"{tuning_s['metaschedule']} |")
+    return "\n".join(lines) + "\n"
