@@ -73,8 +73,10 @@ def _curves(axes: Any, runs: dict[str, list[list[Any]]], title: str, unit_ms: bo
             continue
         drawn = True
         scale = 1e3 if unit_ms else 1.0
-        mark = "o" if len(pts) < 20 else None  # a curve of one point (a tuner that learnt every
-        for ax, x in zip(axes, (0, 1), strict=True):  # task's result at its end) stays visible
+        for ax, x in zip(axes, (0, 1), strict=True):
+            # a curve of few distinct points stays visible: MetaSchedule takes in every task's
+            # results after its last build, so all its estimates sit at its final trial count
+            mark = "o" if len({p[x] for p in pts}) < 20 else None
             ax.step([p[x] for p in pts], [p[2] * scale for p in pts], where="post", label=name,
                     color=_color(name), marker=mark, markersize=4)
     for ax, xl in zip(axes, ("trials", "tuning wall time, s"), strict=True):
