@@ -68,10 +68,9 @@ def test_each_seed_tunes_both_tuners_on_the_same_model(tmp_path: Path,
 
     monkeypatch.setitem(models.SCALES, "small", {"tiny": {"n": 32}})
     monkeypatch.setattr(models, "_models", lambda torch: {"tiny": Tiny})
-    args = parse_args(["--suite", "models", "--scale", "small", "--trials", "2",
-                       "--seeds", "3,5", "--no-torch", "--skip-ms", "--rounds", "1",
-                       "--min-ms", "1", "--out", str(tmp_path)])
-    assert models.run_models(args) == 0
+    argv = ["--suite", "models", "--scale", "small", "--trials", "2", "--seeds", "3,5",
+            "--no-torch", "--skip-ms", "--rounds", "1", "--min-ms", "1", "--out", str(tmp_path)]
+    assert models.run_models(parse_args(argv)) == 0
     r = json.loads((tmp_path / "models.json").read_text())["tiny"]
     tuned = {"tunefarm@3", "tunefarm@5"}
     assert set(r["tuning"]) == tuned
@@ -82,3 +81,10 @@ def test_each_seed_tunes_both_tuners_on_the_same_model(tmp_path: Path,
     assert r["seeds"]["tunefarm"]["seeds"] == 2 and r["seeds"]["tunefarm"]["median_s"] > 0
     assert r["seeds"]["metaschedule"] is None
     assert "2 seeds" in (tmp_path / "models.md").read_text()
+    # built again from the two seeds' databases, nothing tuned again
+    assert models.run_models(parse_args([*argv, "--reuse-tuning"])) == 0
+    again = json.loads((tmp_path / "models.json").read_text())["tiny"]
+    assert again["tuning"] == r["tuning"] and set(again["seeds"]["tunefarm"]["per_seed_s"]) == {
+        "tunefarm@3", "tunefarm@5"}
+    with pytest.raises(SystemExit, match="no earlier run of tiny"):
+        models.run_models(parse_args([*argv[:7], "3,7", *argv[8:], "--reuse-tuning"]))
