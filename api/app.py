@@ -19,6 +19,7 @@ from fastapi import FastAPI
 from starlette.concurrency import run_in_threadpool
 
 from tuner.core.config import Settings, get_settings
+from tuner.workloads import isolate
 
 from . import errors, openapi
 from .context import ApiContext
@@ -44,6 +45,7 @@ def _version() -> str:
 
 def _warm_up(ctx: ApiContext) -> None:
     ctx.resolver.warm_up()
+    isolate.prestart()  # TVMScript's parse children: their fork server, before the first text
     try:
         ctx.resolver.target("host")
     except Exception:

@@ -132,6 +132,14 @@ def _get_server(idle: bool = False) -> _Server | None:
         return server
 
 
+def prestart(idle: bool = False) -> None:
+    """Start this process's fork server of the class `idle` now, where it is enabled: a
+    service does it at start-up, so that its first child does not wait for the server's
+    imports (nor do the requests it serves meanwhile)."""
+    if enabled():
+        _get_server(idle)
+
+
 def enabled() -> bool:
     from .config import get_settings
 

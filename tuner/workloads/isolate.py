@@ -105,6 +105,13 @@ def clear_cache() -> None:
         _cache.clear()
 
 
+def prestart() -> None:
+    """Start the parse children's fork server now: the API does it at start-up, so that the
+    first texts it parses (and the requests served meanwhile) do not wait for it."""
+    if not in_dropped_sandbox():
+        zygote.prestart(idle=True)
+
+
 def _parse_in_child(texts: list[str]) -> list[tuple[bool, PrimFunc | str]]:
     """For each vetted text, (True, PrimFunc) or (False, the parser's or vetter's message), all
     parsed in one child; SpecError (not cached) when the child crashes, hits a limit or times
