@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from . import seeds
+from .report import model_ms
 
 COLORS = {"tunefarm": "#1f77b4", "metaschedule": "#ff7f0e", "pytorch": "#7f7f7f",
           "numpy": "#bcbd22", "tvm-untuned": "#c7c7c7"}
@@ -95,10 +96,6 @@ def _curves(axes: Any, runs: dict[str, list[list[Any]]], title: str, unit_ms: bo
     return drawn
 
 
-def _ms(x: float | None) -> str:
-    return f"{x * 1e3:.3f} ms" if x else "-"
-
-
 def _models(doc: dict[str, Any], plots: Path, plt: Any) -> list[str]:
     lines = ["## Models", ""]
     for name, r in doc.items():
@@ -124,8 +121,8 @@ def _models(doc: dict[str, Any], plots: Path, plt: Any) -> list[str]:
                 ("PyTorch eager", t.get("pytorch", {}).get("median_s")),
                 ("TVM untuned (not in the plot)", t.get("tvm-untuned", {}).get("median_s"))]
         lines += ["", "| variant | median | tunefarm / it |", "|---|---:|---:|"]
-        lines += [f"| {label} | {_ms(v)} | {tf / v:.2f} |" if tf and v else
-                  f"| {label} | {_ms(v)} | - |" for label, v in rows]
+        lines += [f"| {label} | {model_ms(v)} | {tf / v:.2f} |" if tf and v else
+                  f"| {label} | {model_ms(v)} | - |" for label, v in rows]
         tuned = seeds.tuned(r)
         lines += ["", "Trials measured: " + ", ".join(
             f"{k} {v.get('trials', '-')} in {v.get('tuning_s', 0):.0f} s"

@@ -235,14 +235,15 @@ def _bf16_peak(peak: dict[str, Any]) -> str:
     return f", bf16 {peak['bf16']:g} GFLOPS" if peak.get("bf16") else ""
 
 
+def model_ms(x: float | None) -> str:
+    """A model's latency in models.md and the report: "10.357 ms", or "-" for none."""
+    return f"{x * 1e3:.3f} ms" if x else "-"
+
+
 def models_table(results: dict[str, Any]) -> str:
     """models.md: a row per model (a tuner run with several seeds: their median and spread)."""
     lines = ["| model | tasks | tunefarm | MetaSchedule | tf/MS | untuned | PyTorch | "
              "best torch.compile | tf tuning s | MS tuning s |", "|" + "---|" * 10]
-
-    def ms(x: float | None) -> str:
-        return f"{x * 1e3:.3f} ms" if x else "-"
-
     for name, r in results.items():
         t = {k: v.get("median_s") for k, v in r["timing"].items()}
         t.update({k: seeds.median_s(r, k) for k in seeds.TUNERS})
@@ -256,10 +257,10 @@ def models_table(results: dict[str, Any]) -> str:
         t["pytorch"] = min(eager) if eager else None
         compiled = [v for k, v in t.items() if k.startswith("torch.compile") and v]
         t["torch.compile"] = min(compiled) if compiled else None  # the best variant
-        lines.append(f"| {name} ({r['scale']}) | {r['tasks']} | {ms(t.get('tunefarm'))}"
-                     f"{seeds.spread(r, 'tunefarm')} | {ms(t.get('metaschedule'))}"
+        lines.append(f"| {name} ({r['scale']}) | {r['tasks']} | {model_ms(t.get('tunefarm'))}"
+                     f"{seeds.spread(r, 'tunefarm')} | {model_ms(t.get('metaschedule'))}"
                      f"{seeds.spread(r, 'metaschedule')} | {ratio} | "
-                     f"{ms(t.get('tvm-untuned'))} | {ms(t.get('pytorch'))} | "
-                     f"{ms(t.get('torch.compile'))} | {tuning_s['tunefarm']} | "
+                     f"{model_ms(t.get('tvm-untuned'))} | {model_ms(t.get('pytorch'))} | "
+                     f"{model_ms(t.get('torch.compile'))} | {tuning_s['tunefarm']} | "
                      f"{tuning_s['metaschedule']} |")
     return "\n".join(lines) + "\n"

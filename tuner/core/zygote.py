@@ -1,7 +1,7 @@
 """A fork server for lean children: each process that starts children (the tuner's sandbox and build
-processes, the API's TVMScript parsers) starts a server per scheduling class (the parsers' runs
-in the idle class, as they do), which imports TVM and the children's modules once; every child is
-then a fork of it instead of a new interpreter that imports them again (0.7-0.8 s of CPU each,
+processes, the API's TVMScript parsers) starts a server per scheduling class (the parsers' server
+in the idle class, as they are), which imports TVM and the children's modules once; every child
+is then a fork of it instead of a new interpreter that imports them again (0.7-0.8 s of CPU each,
 measured on a 2-core Xeon and Zen 4; the suite starts about 350 children).
 
     popen("tuner.measure.sandbox", str(fd), limits=..., stdin=PIPE, pass_fds=(fd,), env=...)
