@@ -11,6 +11,7 @@ import pytest
 from bench import search as bench_search
 from tests.support.search import Synthetic, small_search
 from tuner.core import tvm_api as tv
+from tuner.core.config import get_settings
 from tuner.db import Store
 from tuner.measure import MeasureOptions
 from tuner.measure.replay import ReplayMeasurer
@@ -25,11 +26,14 @@ def test_a_recorded_search_replays_without_measuring(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         capsys: pytest.CaptureFixture[str]) -> None:
     small_search(monkeypatch)
+    # recorded in batches of the size `bench.search` replays with (the settings'): a search
+    # replayed in other batches proposes other candidates (batches of 4 recorded, 16 replayed:
+    # the replay's first batch was sometimes not all in the recording)
     url = f"sqlite:///{tmp_path / 'recording.db'}"
     store = Store(url)
     try:
         req = TuneRequest(workload=parse_spec(SPEC), target=tv.target_to_dict(
-            tv.make_target(TARGET)), trials=24, batch_size=4, seed=0,
+            tv.make_target(TARGET)), trials=24, batch_size=get_settings().batch_size, seed=0,
             options=MeasureOptions(num_threads=1))
         recorded = Tuner(store, ReplayMeasurer(fallback=Synthetic())).run(req)
     finally:
